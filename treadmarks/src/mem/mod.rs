@@ -1,0 +1,1 @@
+//! Shared heap mapping, page protection and fault capture (the only unsafe code).

@@ -1,0 +1,120 @@
+//! The protocol core's window onto page bytes and page protection.
+//!
+//! The core never calls `mprotect` or touches a mapping itself; it goes through [`PageMemory`].
+//! The runtime implements it over the real heap (`mem::HeapPages`), tests over plain vectors
+//! ([`VecMemory`]).
+//!
+//! # The page-sharing rule (checked by both implementations)
+//! - [`PageMemory::page`] and [`PageMemory::make_twin`] read a page's bytes: only while the
+//!   application view of that page is not writable (`access != ReadWrite`).
+//! - [`PageMemory::page_mut`] writes them: only while the application has no access (`None`).
+//!   The application thread is then either inside a synchronization call or blocked in a fault on
+//!   that very page, so it cannot observe a half-applied diff.
+
+use super::ids::PageIdx;
+
+/// Protection of a page in the application view.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub enum Access {
+    /// Invalid: any access faults.
+    None,
+    /// Valid, write-protected: a write faults (and makes a twin).
+    Read,
+    /// Valid and writable: the page has a twin (or the job has one node).
+    ReadWrite,
+}
+
+/// Page bytes, twins and protection, as the protocol core sees them.
+pub trait PageMemory {
+    /// Bytes per page.
+    fn page_size(&self) -> usize;
+    /// Pages in the heap.
+    fn npages(&self) -> u32;
+    /// Current protection of page `p` in the application view.
+    fn access(&self, p: PageIdx) -> Access;
+    /// Sets the protection of pages `first .. first + count`.
+    fn set_access(&mut self, first: PageIdx, count: u32, access: Access);
+    /// The bytes of page `p`. Requires `access(p) != ReadWrite`.
+    fn page(&self, p: PageIdx) -> &[u8];
+    /// The bytes of page `p`, writable. Requires `access(p) == None`.
+    fn page_mut(&mut self, p: PageIdx) -> &mut [u8];
+    /// The twin of page `p` (valid only after [`PageMemory::make_twin`]).
+    fn twin(&self, p: PageIdx) -> &[u8];
+    /// Copies page `p` into its twin slot. Requires `access(p) != ReadWrite`.
+    fn make_twin(&mut self, p: PageIdx);
+}
+
+/// A [`PageMemory`] over plain vectors, for tests and the simulation. It checks the page-sharing
+/// rule on every call and panics if the core breaks it.
+#[derive(Debug, Clone)]
+pub struct VecMemory {
+    page_size: usize,
+    pages: Vec<Vec<u8>>,
+    twins: Vec<Option<Vec<u8>>>,
+    access: Vec<Access>,
+}
+
+impl VecMemory {
+    /// `npages` zeroed pages of `page_size` bytes, all with protection `access`.
+    pub fn new(npages: u32, page_size: usize, access: Access) -> Self {
+        VecMemory {
+            page_size,
+            pages: vec![vec![0; page_size]; npages as usize],
+            twins: vec![None; npages as usize],
+            access: vec![access; npages as usize],
+        }
+    }
+
+    /// The application's view of a page: what a load would see. Panics if the page is invalid
+    /// (a real load would fault instead).
+    pub fn app_read(&self, p: PageIdx) -> &[u8] {
+        assert_ne!(self.access[p.idx()], Access::None, "app read of invalid {p}");
+        &self.pages[p.idx()]
+    }
+
+    /// The application's store. Panics unless the page is writable.
+    pub fn app_write(&mut self, p: PageIdx) -> &mut [u8] {
+        assert_eq!(self.access[p.idx()], Access::ReadWrite, "app write of non-writable {p}");
+        &mut self.pages[p.idx()]
+    }
+}
+
+impl PageMemory for VecMemory {
+    fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    fn npages(&self) -> u32 {
+        self.pages.len() as u32
+    }
+
+    fn access(&self, p: PageIdx) -> Access {
+        self.access[p.idx()]
+    }
+
+    fn set_access(&mut self, first: PageIdx, count: u32, access: Access) {
+        for a in &mut self.access[first.idx()..first.idx() + count as usize] {
+            *a = access;
+        }
+    }
+
+    fn page(&self, p: PageIdx) -> &[u8] {
+        assert_ne!(self.access[p.idx()], Access::ReadWrite, "runtime read of writable {p}");
+        &self.pages[p.idx()]
+    }
+
+    fn page_mut(&mut self, p: PageIdx) -> &mut [u8] {
+        assert_eq!(self.access[p.idx()], Access::None, "runtime write of accessible {p}");
+        &mut self.pages[p.idx()]
+    }
+
+    fn twin(&self, p: PageIdx) -> &[u8] {
+        self.twins[p.idx()].as_deref().expect("twin read before make_twin")
+    }
+
+    fn make_twin(&mut self, p: PageIdx) {
+        assert_ne!(self.access[p.idx()], Access::ReadWrite, "twin of writable {p}");
+        let copy = self.pages[p.idx()].clone();
+        self.twins[p.idx()] = Some(copy);
+    }
+}

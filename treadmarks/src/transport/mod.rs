@@ -1,0 +1,2 @@
+//! TCP mesh, frames and the wire codec.
+#![forbid(unsafe_code)]
