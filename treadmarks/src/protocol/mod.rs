@@ -1,10 +1,41 @@
-//! The protocol core: lazy release consistency as a pure state machine.
+//! The protocol core: TreadMarks' lazy release consistency as a pure state machine.
+//!
+//! No sockets, signals, clocks or `mprotect` here: [`Node`] takes events (application requests,
+//! faults, messages) and emits messages and completions; page bytes and protection go through
+//! [`PageMemory`]. That makes the whole protocol testable in one process: see the seeded
+//! simulation in `sim.rs`, which checks every read of random data-race-free programs against
+//! sequentially consistent memory.
+//!
+//! One file per concept: [`vtime`] (vector timestamps), [`interval`] (interval records and the
+//! log), [`diff`] (twin/page diffs), [`page`] (page state, lazy diffs, access misses), [`lock`]
+//! (distributed lock chain), [`barrier`] (centralized barrier manager), [`collective`]
+//! (allocation, distribute, exit), [`msg`] (wire messages), [`node`] (the state machine).
 #![forbid(unsafe_code)]
 
+pub mod alloc;
+pub mod barrier;
+pub mod collective;
+pub mod diff;
+pub mod error;
 pub mod ids;
+pub mod interval;
+pub mod lock;
 pub mod memory;
+pub mod msg;
+pub mod node;
+pub mod page;
+pub mod stats;
 pub mod vtime;
 
+#[cfg(test)]
+mod sim;
+
+pub use diff::Diff;
+pub use error::ProtocolError;
 pub use ids::{BarrierId, DiffSeq, IntervalIdx, LockId, NodeId, PageIdx};
+pub use interval::IntervalRecord;
 pub use memory::{Access, PageMemory, VecMemory};
+pub use msg::{AllocFailure, Message, MsgKind};
+pub use node::{AppDone, Node, NodeConfig};
+pub use stats::ProtocolStats;
 pub use vtime::VectorTime;

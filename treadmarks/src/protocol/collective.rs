@@ -1,0 +1,136 @@
+//! Allocation (node 0 keeps the allocator), `distribute` (node 0 broadcasts a value), the exit
+//! rendezvous and the ping probe. None of these touch consistency state.
+
+use super::ProtocolError;
+use super::ids::NodeId;
+use super::memory::PageMemory;
+use super::msg::Message;
+use super::node::{AppDone, Node, Pending};
+
+const ROOT: NodeId = NodeId(0);
+
+impl<M: PageMemory> Node<M> {
+    /// Allocates `bytes` of shared heap aligned to `align`; completes with
+    /// [`AppDone::Allocated`] carrying the heap offset.
+    pub fn request_alloc(&mut self, bytes: u64, align: u64) -> Result<(), ProtocolError> {
+        self.begin("alloc")?;
+        self.pending = Pending::Alloc;
+        self.outbox.push_back((ROOT, Message::AllocRequest { bytes, align }));
+        self.deliver_local()
+    }
+
+    /// Frees the allocation at heap offset `offset`; completes with [`AppDone::Freed`].
+    pub fn request_free(&mut self, offset: u64) -> Result<(), ProtocolError> {
+        self.begin("free")?;
+        self.pending = Pending::Free;
+        self.outbox.push_back((ROOT, Message::FreeRequest { offset }));
+        self.deliver_local()
+    }
+
+    /// Collective: node 0 passes `Some(bytes)`, the others `None`; every node completes with
+    /// [`AppDone::Distributed`] carrying node 0's bytes. Calls pair up in order.
+    pub fn request_distribute(&mut self, bytes: Option<Vec<u8>>) -> Result<(), ProtocolError> {
+        self.begin("distribute")?;
+        let seq = self.distribute_seq;
+        self.distribute_seq += 1;
+        if self.me == ROOT {
+            let bytes = bytes.unwrap_or_default();
+            for n in 1..self.cfg.nprocs {
+                let msg = Message::Distribute { seq, bytes: serde_bytes::ByteBuf::from(bytes.clone()) };
+                self.outbox.push_back((NodeId(n), msg));
+            }
+            self.done.push_back(AppDone::Distributed(bytes));
+        } else if self.distributed.front().is_some_and(|(s, _)| *s == seq) {
+            let (_, bytes) = self.distributed.pop_front().expect("checked");
+            self.done.push_back(AppDone::Distributed(bytes));
+        } else {
+            self.pending = Pending::Distribute(seq);
+        }
+        Ok(())
+    }
+
+    /// The application is done; completes with [`AppDone::Exited`] once every node is done.
+    pub fn request_exit(&mut self) -> Result<(), ProtocolError> {
+        self.begin("exit")?;
+        self.pending = Pending::Exit;
+        self.outbox.push_back((ROOT, Message::ExitArrive));
+        self.deliver_local()
+    }
+
+    /// Round trip to `peer` through both runtimes; completes with [`AppDone::Pong`].
+    pub fn request_ping(&mut self, peer: NodeId) -> Result<(), ProtocolError> {
+        self.begin("ping")?;
+        self.pending = Pending::Ping(peer);
+        self.outbox.push_back((peer, Message::Ping { token: self.distribute_seq }));
+        self.deliver_local()
+    }
+
+    pub(crate) fn handle_collective(&mut self, from: NodeId, msg: Message) -> Result<(), ProtocolError> {
+        let unexpected = |what: &str| ProtocolError::Unexpected { from, what: what.to_string() };
+        match msg {
+            Message::AllocRequest { bytes, align } => {
+                let alloc = self.allocator.as_mut().ok_or_else(|| unexpected("alloc request"))?;
+                let result = alloc.alloc(bytes, align);
+                self.outbox.push_back((from, Message::AllocReply { result }));
+            }
+            Message::FreeRequest { offset } => {
+                let alloc = self.allocator.as_mut().ok_or_else(|| unexpected("free request"))?;
+                let result = alloc.free(offset);
+                self.outbox.push_back((from, Message::FreeReply { result }));
+            }
+            Message::AllocReply { result } => {
+                self.complete(|p| matches!(p, Pending::Alloc), AppDone::Allocated(result))
+                    .ok_or_else(|| unexpected("alloc reply"))?;
+            }
+            Message::FreeReply { result } => {
+                self.complete(|p| matches!(p, Pending::Free), AppDone::Freed(result))
+                    .ok_or_else(|| unexpected("free reply"))?;
+            }
+            Message::Distribute { seq, bytes } => {
+                if from != ROOT {
+                    return Err(unexpected("distribute"));
+                }
+                let bytes = bytes.into_vec();
+                if matches!(self.pending, Pending::Distribute(s) if s == seq) {
+                    self.pending = Pending::None;
+                    self.done.push_back(AppDone::Distributed(bytes));
+                } else {
+                    self.distributed.push_back((seq, bytes));
+                }
+            }
+            Message::ExitArrive => {
+                if self.me != ROOT || std::mem::replace(&mut self.exit_arrived[from.idx()], true) {
+                    return Err(unexpected("exit arrival"));
+                }
+                if self.exit_arrived.iter().all(|&a| a) {
+                    for n in 1..self.cfg.nprocs {
+                        self.outbox.push_back((NodeId(n), Message::ExitRelease));
+                    }
+                    self.complete(|p| matches!(p, Pending::Exit), AppDone::Exited)
+                        .expect("node 0 arrived, so it waits for exit");
+                }
+            }
+            Message::ExitRelease => {
+                self.complete(|p| matches!(p, Pending::Exit), AppDone::Exited)
+                    .ok_or_else(|| unexpected("exit release"))?;
+            }
+            Message::Ping { token } => self.outbox.push_back((from, Message::Pong { token })),
+            Message::Pong { .. } => {
+                self.complete(|p| matches!(p, Pending::Ping(n) if *n == from), AppDone::Pong(from))
+                    .ok_or_else(|| unexpected("pong"))?;
+            }
+            other => return Err(unexpected(&format!("{:?} message", other.kind()))),
+        }
+        Ok(())
+    }
+
+    /// Completes the pending request if `is` matches it.
+    fn complete(&mut self, is: impl Fn(&Pending) -> bool, done: AppDone) -> Option<()> {
+        if !is(&self.pending) {
+            return None;
+        }
+        self.pending = Pending::None;
+        self.done.push_back(done);
+        Some(())
+    }
+}

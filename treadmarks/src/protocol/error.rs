@@ -1,0 +1,43 @@
+//! Errors of the protocol core. Each names the value at fault.
+
+use super::diff::DiffError;
+use super::ids::{BarrierId, LockId, NodeId, PageIdx};
+use super::msg::AllocFailure;
+
+/// An error from the protocol core: bad input from the application or from a peer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    /// A lock id beyond the configured count.
+    #[error("{lock} is out of range: this job has {nlocks} locks (ids 0..{nlocks})")]
+    UnknownLock { lock: LockId, nlocks: u32 },
+    /// A barrier id beyond the configured count.
+    #[error("{barrier} is out of range: this job has {nbarriers} barriers (ids 0..{nbarriers})")]
+    UnknownBarrier { barrier: BarrierId, nbarriers: u32 },
+    /// Release of a lock this node does not hold.
+    #[error("release of {lock}, which this node does not hold")]
+    NotHeld { lock: LockId },
+    /// Acquire of a lock this node already holds (locks are not recursive).
+    #[error("acquire of {lock}, which this node already holds (locks are not recursive)")]
+    AlreadyHeld { lock: LockId },
+    /// A peer sent a message that makes no sense in our state.
+    #[error("unexpected {what} from {from}")]
+    Unexpected { from: NodeId, what: String },
+    /// A peer named a page outside the heap.
+    #[error("{from} named {page}, but the heap has {npages} pages")]
+    PageOutOfRange { from: NodeId, page: PageIdx, npages: u32 },
+    /// A peer sent interval records with a hole in them.
+    #[error("{from} sent interval {got} of {node} while we know only up to {known}")]
+    IntervalGap { from: NodeId, node: NodeId, known: u32, got: u32 },
+    /// A malformed diff.
+    #[error("malformed diff of {page} from {from}: {source}")]
+    BadDiff { from: NodeId, page: PageIdx, source: DiffError },
+    /// Nodes disagree about which barrier they are at.
+    #[error("{node} arrived at {got} while the others are at {expected}")]
+    BarrierMismatch { node: NodeId, expected: BarrierId, got: BarrierId },
+    /// An allocation failed.
+    #[error(transparent)]
+    Alloc(#[from] AllocFailure),
+    /// The application asked for something while another request is pending.
+    #[error("{what} requested while another request is still pending")]
+    Busy { what: &'static str },
+}

@@ -1,0 +1,168 @@
+//! Locks: a static manager per lock (`lock % nprocs`), requests forwarded along the
+//! last-requester chain, grants straight from releaser to acquirer carrying every interval the
+//! acquirer lacks.
+//!
+//! # Lock state (per node, per lock)
+//! - `token`: this node was the lock's last holder and has not passed it on. Initially the
+//!   manager has every token it manages. Re-acquiring a lock whose token we have costs no message.
+//! - `held`: the application holds the lock (implies `token`).
+//! - `requested`: we asked for the lock and wait for its grant.
+//! - `next`: the node that asked for the lock after us (forwarded by the manager); we grant to it
+//!   at our release, or at once if we have the token and do not hold the lock.
+//! - `last_requester` (manager only): the node the manager forwards the next request to. The
+//!   chain of forwards gives every requester at most one successor, so `next` is a single slot.
+
+use super::ProtocolError;
+use super::ids::{LockId, NodeId};
+use super::interval::IntervalRecord;
+use super::memory::PageMemory;
+use super::msg::Message;
+use super::node::{AppDone, Node, Pending};
+use super::vtime::VectorTime;
+
+/// One lock as one node sees it.
+#[derive(Clone, Debug)]
+pub struct LockState {
+    pub id: LockId,
+    pub held: bool,
+    pub token: bool,
+    pub requested: bool,
+    pub next: Option<(NodeId, VectorTime)>,
+    /// Meaningful on the lock's manager only.
+    pub last_requester: NodeId,
+}
+
+impl LockState {
+    pub(crate) fn new(id: LockId, me: NodeId, nprocs: u16) -> Self {
+        let manager = NodeId((id.0 % u32::from(nprocs)) as u16);
+        LockState {
+            id,
+            held: false,
+            token: manager == me,
+            requested: false,
+            next: None,
+            last_requester: manager,
+        }
+    }
+}
+
+impl<M: PageMemory> Node<M> {
+    fn manager_of(&self, lock: LockId) -> NodeId {
+        NodeId((lock.0 % u32::from(self.cfg.nprocs)) as u16)
+    }
+
+    fn check_lock(&self, lock: LockId) -> Result<(), ProtocolError> {
+        if lock.0 >= self.cfg.nlocks {
+            return Err(ProtocolError::UnknownLock { lock, nlocks: self.cfg.nlocks });
+        }
+        Ok(())
+    }
+
+    /// The application acquires `lock`; completes with [`AppDone::Acquired`].
+    pub fn request_acquire(&mut self, lock: LockId) -> Result<(), ProtocolError> {
+        self.check_lock(lock)?;
+        self.begin("acquire")?;
+        let st = &mut self.locks[lock.idx()];
+        if st.held {
+            return Err(ProtocolError::AlreadyHeld { lock });
+        }
+        if st.token {
+            st.held = true;
+            self.stats.lock_acquires_local += 1;
+            self.interval_locks.push(lock);
+            self.done.push_back(AppDone::Acquired(lock));
+            return Ok(());
+        }
+        st.requested = true;
+        self.stats.lock_acquires_remote += 1;
+        self.pending = Pending::Acquire(lock);
+        let msg = Message::LockRequest { lock, vt: self.vt.clone() };
+        self.outbox.push_back((self.manager_of(lock), msg));
+        self.deliver_local()
+    }
+
+    /// The application releases `lock`: ends the interval, and passes the lock on if somebody
+    /// asked for it.
+    pub fn request_release(&mut self, lock: LockId) -> Result<(), ProtocolError> {
+        self.check_lock(lock)?;
+        self.begin("release")?;
+        if !self.locks[lock.idx()].held {
+            return Err(ProtocolError::NotHeld { lock });
+        }
+        self.locks[lock.idx()].held = false;
+        self.close_interval();
+        if let Some((to, vt)) = self.locks[lock.idx()].next.take() {
+            self.grant(lock, to, &vt);
+        }
+        self.deliver_local()
+    }
+
+    fn grant(&mut self, lock: LockId, to: NodeId, vt: &VectorTime) {
+        self.locks[lock.idx()].token = false;
+        let intervals = self.log.newer_than(vt);
+        self.outbox.push_back((to, Message::LockGrant { lock, intervals }));
+    }
+
+    pub(crate) fn handle_lock_request(
+        &mut self,
+        from: NodeId,
+        lock: LockId,
+        vt: VectorTime,
+    ) -> Result<(), ProtocolError> {
+        self.check_lock(lock)?;
+        let bad = |what: &str| ProtocolError::Unexpected { from, what: format!("{what} for {lock}") };
+        if self.manager_of(lock) != self.me || vt.len() != self.nprocs() {
+            return Err(bad("lock request"));
+        }
+        let last = std::mem::replace(&mut self.locks[lock.idx()].last_requester, from);
+        if last == from {
+            return Err(bad("second lock request without a grant in between"));
+        }
+        self.outbox.push_back((last, Message::LockForward { lock, requester: from, vt }));
+        Ok(())
+    }
+
+    pub(crate) fn handle_lock_forward(
+        &mut self,
+        from: NodeId,
+        lock: LockId,
+        requester: NodeId,
+        vt: VectorTime,
+    ) -> Result<(), ProtocolError> {
+        self.check_lock(lock)?;
+        let bad = |what: &str| ProtocolError::Unexpected { from, what: format!("{what} of {lock}") };
+        if from != self.manager_of(lock) || requester.idx() >= self.nprocs() || vt.len() != self.nprocs() {
+            return Err(bad("lock forward"));
+        }
+        let st = &mut self.locks[lock.idx()];
+        if st.token && !st.held {
+            self.grant(lock, requester, &vt);
+        } else if (st.held || st.requested) && st.next.is_none() {
+            st.next = Some((requester, vt));
+        } else {
+            return Err(bad("lock forward while neither holding nor awaiting"));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn handle_lock_grant(
+        &mut self,
+        from: NodeId,
+        lock: LockId,
+        intervals: Vec<IntervalRecord>,
+    ) -> Result<(), ProtocolError> {
+        self.check_lock(lock)?;
+        if !matches!(self.pending, Pending::Acquire(l) if l == lock) || !self.locks[lock.idx()].requested {
+            return Err(ProtocolError::Unexpected { from, what: format!("grant of {lock}") });
+        }
+        self.incorporate(from, intervals)?;
+        let st = &mut self.locks[lock.idx()];
+        st.requested = false;
+        st.held = true;
+        st.token = true;
+        self.interval_locks.push(lock);
+        self.pending = Pending::None;
+        self.done.push_back(AppDone::Acquired(lock));
+        Ok(())
+    }
+}

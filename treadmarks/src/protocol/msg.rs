@@ -1,0 +1,142 @@
+//! Wire messages between nodes. Pure data: the codec lives in `transport::codec`.
+
+use super::diff::Diff;
+use super::ids::{BarrierId, DiffSeq, IntervalIdx, LockId, NodeId, PageIdx};
+use super::interval::IntervalRecord;
+use super::vtime::VectorTime;
+use serde::{Deserialize, Serialize};
+
+/// One diff as it travels in a [`Message::DiffReply`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiffWire {
+    /// The writer's sequence number of this diff (per writer, increasing).
+    pub seq: DiffSeq,
+    /// Timestamp of the first interval the diff covers (the interval its twin was made in).
+    pub first_vt: VectorTime,
+    /// The changed bytes.
+    pub diff: Diff,
+}
+
+/// Why an allocation failed, as node 0's allocator reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum AllocFailure {
+    /// No free range is large enough.
+    #[error("shared heap exhausted: {requested} bytes requested, largest free block is {largest_free} bytes")]
+    OutOfMemory { requested: u64, largest_free: u64 },
+    /// Zero-sized, or an alignment that is not a power of two.
+    #[error("invalid allocation of {bytes} bytes aligned to {align}")]
+    Invalid { bytes: u64, align: u64 },
+    /// `free` of an offset that is not the start of a live allocation.
+    #[error("free of offset {offset:#x}, which is not a live allocation")]
+    NotAllocated { offset: u64 },
+}
+
+/// Every message of the protocol.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Message {
+    /// Acquirer → the lock's manager.
+    LockRequest { lock: LockId, vt: VectorTime },
+    /// Manager → the last requester of the lock: `requester` wants it after you.
+    LockForward { lock: LockId, requester: NodeId, vt: VectorTime },
+    /// Releaser → acquirer: the lock, with every interval the acquirer lacks.
+    LockGrant { lock: LockId, intervals: Vec<IntervalRecord> },
+    /// Client → barrier manager (node 0): arrival, with the client's intervals the manager lacks.
+    BarrierArrive { barrier: BarrierId, vt: VectorTime, intervals: Vec<IntervalRecord> },
+    /// Barrier manager → client: every interval the client lacks.
+    BarrierRelease { barrier: BarrierId, intervals: Vec<IntervalRecord> },
+    /// Faulting node → writer: your diffs of `page` for your intervals up to `want`, newer than
+    /// diff `after_seq` (which the requester has already applied).
+    DiffRequest { page: PageIdx, want: IntervalIdx, after_seq: DiffSeq },
+    /// Writer → faulting node.
+    DiffReply { page: PageIdx, diffs: Vec<DiffWire> },
+    /// Any node → node 0: allocate.
+    AllocRequest { bytes: u64, align: u64 },
+    /// Node 0 → requester: the heap offset, or why not.
+    AllocReply { result: Result<u64, AllocFailure> },
+    /// Any node → node 0: free the allocation at `offset`.
+    FreeRequest { offset: u64 },
+    /// Node 0 → requester: the free is done, or why not.
+    FreeReply { result: Result<(), AllocFailure> },
+    /// Node 0 → all: the `seq`-th distributed value.
+    Distribute { seq: u64, bytes: serde_bytes::ByteBuf },
+    /// Node → node 0: my application has finished.
+    ExitArrive,
+    /// Node 0 → all: everybody has finished; nobody will ask you for anything any more.
+    ExitRelease,
+    /// Runtime round trip probe.
+    Ping { token: u64 },
+    /// Answer to [`Message::Ping`].
+    Pong { token: u64 },
+}
+
+/// The kind of a message, for statistics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MsgKind {
+    LockRequest,
+    LockForward,
+    LockGrant,
+    BarrierArrive,
+    BarrierRelease,
+    DiffRequest,
+    DiffReply,
+    Alloc,
+    Distribute,
+    Exit,
+    Ping,
+}
+
+impl MsgKind {
+    /// Every kind, in display order.
+    pub const ALL: [MsgKind; 11] = [
+        MsgKind::LockRequest,
+        MsgKind::LockForward,
+        MsgKind::LockGrant,
+        MsgKind::BarrierArrive,
+        MsgKind::BarrierRelease,
+        MsgKind::DiffRequest,
+        MsgKind::DiffReply,
+        MsgKind::Alloc,
+        MsgKind::Distribute,
+        MsgKind::Exit,
+        MsgKind::Ping,
+    ];
+
+    /// Short name.
+    pub fn name(self) -> &'static str {
+        match self {
+            MsgKind::LockRequest => "lock_request",
+            MsgKind::LockForward => "lock_forward",
+            MsgKind::LockGrant => "lock_grant",
+            MsgKind::BarrierArrive => "barrier_arrive",
+            MsgKind::BarrierRelease => "barrier_release",
+            MsgKind::DiffRequest => "diff_request",
+            MsgKind::DiffReply => "diff_reply",
+            MsgKind::Alloc => "alloc",
+            MsgKind::Distribute => "distribute",
+            MsgKind::Exit => "exit",
+            MsgKind::Ping => "ping",
+        }
+    }
+}
+
+impl Message {
+    /// The message's kind.
+    pub fn kind(&self) -> MsgKind {
+        match self {
+            Message::LockRequest { .. } => MsgKind::LockRequest,
+            Message::LockForward { .. } => MsgKind::LockForward,
+            Message::LockGrant { .. } => MsgKind::LockGrant,
+            Message::BarrierArrive { .. } => MsgKind::BarrierArrive,
+            Message::BarrierRelease { .. } => MsgKind::BarrierRelease,
+            Message::DiffRequest { .. } => MsgKind::DiffRequest,
+            Message::DiffReply { .. } => MsgKind::DiffReply,
+            Message::AllocRequest { .. }
+            | Message::AllocReply { .. }
+            | Message::FreeRequest { .. }
+            | Message::FreeReply { .. } => MsgKind::Alloc,
+            Message::Distribute { .. } => MsgKind::Distribute,
+            Message::ExitArrive | Message::ExitRelease => MsgKind::Exit,
+            Message::Ping { .. } | Message::Pong { .. } => MsgKind::Ping,
+        }
+    }
+}

@@ -1,0 +1,358 @@
+//! [`Node`]: one node's protocol state, and the entry points the runtime drives.
+//!
+//! Inputs: `request_*` (application commands), [`Node::handle_fault`], [`Node::handle_twin_made`]
+//! (a twin the fault handler made on its own), [`Node::handle_message`]. Outputs:
+//! [`Node::poll_transmit`] (messages to send) and [`Node::poll_done`] (completions of the
+//! application's pending request). Page bytes and protection go through [`PageMemory`].
+//! The application has at most one request pending at a time (one application thread per node).
+//!
+//! Write notices are incorporated, and pages invalidated, only while the application is inside a
+//! synchronization call (an acquire or a barrier): never behind its back.
+
+use super::ProtocolError;
+use super::alloc::Allocator;
+use super::barrier::BarrierEpisode;
+use super::ids::{BarrierId, IntervalIdx, LockId, NodeId, PageIdx};
+use super::interval::{IntervalLog, IntervalRecord};
+use super::lock::LockState;
+use super::memory::{Access, PageMemory};
+use super::msg::{AllocFailure, Message};
+use super::page::{Miss, PageMeta};
+use super::stats::ProtocolStats;
+use super::vtime::VectorTime;
+use std::collections::{BTreeSet, VecDeque};
+
+/// Static configuration of a node; identical on every node except `me`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeConfig {
+    pub me: NodeId,
+    pub nprocs: u16,
+    pub nlocks: u32,
+    pub nbarriers: u32,
+    /// Heap size in bytes (node 0's allocator manages it).
+    pub heap_size: u64,
+}
+
+/// Completion of the application's pending request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AppDone {
+    Acquired(LockId),
+    BarrierPassed(BarrierId),
+    FaultResolved(PageIdx),
+    Allocated(Result<u64, AllocFailure>),
+    Freed(Result<(), AllocFailure>),
+    Distributed(Vec<u8>),
+    Exited,
+    Pong(NodeId),
+}
+
+/// What the application is waiting for.
+#[derive(Debug, Default)]
+pub(crate) enum Pending {
+    #[default]
+    None,
+    Acquire(LockId),
+    Barrier(BarrierId),
+    Miss(Miss),
+    Alloc,
+    Free,
+    Distribute(u64),
+    Exit,
+    Ping(NodeId),
+}
+
+/// One node's protocol state machine.
+#[derive(Debug)]
+pub struct Node<M> {
+    pub(crate) cfg: NodeConfig,
+    pub(crate) me: NodeId,
+    pub(crate) mem: M,
+    /// Knowledge: `vt[n]` = newest closed interval of `n` we know; `vt[me]` = our closed count.
+    pub(crate) vt: VectorTime,
+    pub(crate) log: IntervalLog,
+    pub(crate) pages: Vec<PageMeta>,
+    /// Pages with a twin, i.e. written since their last diff.
+    pub(crate) twinned: BTreeSet<PageIdx>,
+    pub(crate) diff_seq: u64,
+    pub(crate) locks: Vec<LockState>,
+    /// Locks held at some point during the open interval.
+    pub(crate) interval_locks: Vec<LockId>,
+    pub(crate) barrier: BarrierEpisode,
+    /// Our newest interval the barrier manager has been sent.
+    pub(crate) sent_to_manager: IntervalIdx,
+    pub(crate) allocator: Option<Allocator>,
+    pub(crate) distribute_seq: u64,
+    pub(crate) distributed: VecDeque<(u64, Vec<u8>)>,
+    pub(crate) exit_arrived: Vec<bool>,
+    pub(crate) pending: Pending,
+    pub(crate) outbox: VecDeque<(NodeId, Message)>,
+    pub(crate) done: VecDeque<AppDone>,
+    pub(crate) stats: ProtocolStats,
+}
+
+impl<M: PageMemory> Node<M> {
+    /// A node at the start of a job: every page valid (zeros) and, with more than one node,
+    /// write-protected; `mem` must already be in that state.
+    pub fn new(cfg: NodeConfig, mem: M) -> Self {
+        let n = cfg.nprocs as usize;
+        let npages = mem.npages() as usize;
+        let me = cfg.me;
+        let locks = (0..cfg.nlocks).map(|l| LockState::new(LockId(l), me, cfg.nprocs)).collect();
+        Node {
+            me,
+            vt: VectorTime::zero(n),
+            log: IntervalLog::new(n),
+            pages: vec![PageMeta::default(); npages],
+            twinned: BTreeSet::new(),
+            diff_seq: 0,
+            locks,
+            interval_locks: Vec::new(),
+            barrier: BarrierEpisode::new(n),
+            sent_to_manager: 0,
+            allocator: (me == NodeId(0)).then(|| Allocator::new(cfg.heap_size)),
+            distribute_seq: 0,
+            distributed: VecDeque::new(),
+            exit_arrived: vec![false; n],
+            pending: Pending::None,
+            outbox: VecDeque::new(),
+            done: VecDeque::new(),
+            stats: ProtocolStats::default(),
+            cfg,
+            mem,
+        }
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> NodeId {
+        self.me
+    }
+
+    /// Number of nodes.
+    pub fn nprocs(&self) -> usize {
+        self.cfg.nprocs as usize
+    }
+
+    /// The page memory.
+    pub fn mem(&self) -> &M {
+        &self.mem
+    }
+
+    /// The page memory, mutably (the runtime and tests act as the application through it).
+    pub fn mem_mut(&mut self) -> &mut M {
+        &mut self.mem
+    }
+
+    /// Protocol counters.
+    pub fn stats(&self) -> &ProtocolStats {
+        &self.stats
+    }
+
+    /// Our vector timestamp.
+    pub fn vt(&self) -> &VectorTime {
+        &self.vt
+    }
+
+    /// Interval records held (ours and others').
+    pub fn log(&self) -> &IntervalLog {
+        &self.log
+    }
+
+    /// Consistency state of page `p`.
+    pub fn page_meta(&self, p: PageIdx) -> &PageMeta {
+        &self.pages[p.idx()]
+    }
+
+    /// The next message to send, if any.
+    pub fn poll_transmit(&mut self) -> Option<(NodeId, Message)> {
+        self.outbox.pop_front()
+    }
+
+    /// Completion of the pending application request, if it completed.
+    pub fn poll_done(&mut self) -> Option<AppDone> {
+        self.done.pop_front()
+    }
+
+    /// A fault on page `p`: resolves it locally (twin) or starts an access miss.
+    pub fn handle_fault(&mut self, p: PageIdx, write: bool) -> Result<(), ProtocolError> {
+        self.check_page(self.me, p)?;
+        self.begin("fault")?;
+        self.fault(p, write)?;
+        self.deliver_local()
+    }
+
+    /// The fault handler made a twin of `p` by itself and made it writable.
+    pub fn handle_twin_made(&mut self, p: PageIdx) {
+        debug_assert_eq!(self.mem.access(p), Access::ReadWrite);
+        self.pages[p.idx()].twin = Some(self.open_interval());
+        self.twinned.insert(p);
+        self.stats.fast_twins += 1;
+    }
+
+    /// A message from a peer.
+    pub fn handle_message(&mut self, from: NodeId, msg: Message) -> Result<(), ProtocolError> {
+        if from.idx() >= self.nprocs() {
+            return Err(ProtocolError::Unexpected {
+                from,
+                what: "message from a node outside the job".into(),
+            });
+        }
+        self.dispatch(from, msg)?;
+        self.deliver_local()
+    }
+
+    pub(crate) fn dispatch(&mut self, from: NodeId, msg: Message) -> Result<(), ProtocolError> {
+        match msg {
+            Message::LockRequest { lock, vt } => self.handle_lock_request(from, lock, vt),
+            Message::LockForward { lock, requester, vt } => {
+                self.handle_lock_forward(from, lock, requester, vt)
+            }
+            Message::LockGrant { lock, intervals } => self.handle_lock_grant(from, lock, intervals),
+            Message::BarrierArrive { barrier, vt, intervals } => {
+                self.handle_barrier_arrive(from, barrier, vt, intervals)
+            }
+            Message::BarrierRelease { barrier, intervals } => {
+                self.handle_barrier_release(from, barrier, intervals)
+            }
+            Message::DiffRequest { page, want, after_seq } => {
+                self.check_page(from, page)?;
+                self.serve_diffs(from, page, want, after_seq);
+                Ok(())
+            }
+            Message::DiffReply { page, diffs } => {
+                self.check_page(from, page)?;
+                self.handle_diff_reply(from, page, diffs)
+            }
+            other => self.handle_collective(from, other),
+        }
+    }
+
+    /// Messages a node sends itself (it manages a lock it wants, node 0 arriving at a barrier)
+    /// are handled right away, without touching the network.
+    pub(crate) fn deliver_local(&mut self) -> Result<(), ProtocolError> {
+        while let Some(i) = self.outbox.iter().position(|(to, _)| *to == self.me) {
+            let (_, msg) = self.outbox.remove(i).expect("index from position");
+            self.dispatch(self.me, msg)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn begin(&self, what: &'static str) -> Result<(), ProtocolError> {
+        match self.pending {
+            Pending::None => Ok(()),
+            _ => Err(ProtocolError::Busy { what }),
+        }
+    }
+
+    pub(crate) fn check_page(&self, from: NodeId, page: PageIdx) -> Result<(), ProtocolError> {
+        let npages = self.mem.npages();
+        if page.0 >= npages {
+            return Err(ProtocolError::PageOutOfRange { from, page, npages });
+        }
+        Ok(())
+    }
+
+    /// Index of the open interval.
+    pub(crate) fn open_interval(&self) -> IntervalIdx {
+        self.vt.get(self.me) + 1
+    }
+
+    /// Closes the open interval if it wrote anything: records its write notices (every page
+    /// with a twin) and the locks held during it.
+    pub(crate) fn close_interval(&mut self) {
+        if self.twinned.is_empty() {
+            return;
+        }
+        let index = self.open_interval();
+        self.vt.set(self.me, index);
+        let rec = IntervalRecord {
+            node: self.me,
+            index,
+            vt: self.vt.clone(),
+            pages: self.twinned.iter().copied().collect(),
+            locks: std::mem::take(&mut self.interval_locks),
+        };
+        self.stats.intervals += 1;
+        self.stats.write_notices_made += rec.pages.len() as u64;
+        self.log.push(rec);
+        self.interval_locks = self.locks.iter().filter(|l| l.held).map(|l| l.id).collect();
+    }
+
+    /// Takes in remote interval records (from a lock grant or a barrier): closes our open
+    /// interval if there is anything new, cuts twins of pages named by new write notices, and
+    /// invalidates those pages. Returns whether anything was new.
+    pub(crate) fn incorporate(
+        &mut self,
+        from: NodeId,
+        mut recs: Vec<IntervalRecord>,
+    ) -> Result<bool, ProtocolError> {
+        let n = self.nprocs();
+        let npages = self.mem.npages();
+        recs.retain(|r| r.node != self.me);
+        recs.sort_by_key(|r| (r.node, r.index));
+        recs.dedup_by_key(|r| (r.node, r.index));
+        // Validate everything before changing anything.
+        let mut known: Vec<IntervalIdx> = (0..n).map(|i| self.log.known(NodeId(i as u16))).collect();
+        for r in &recs {
+            if r.node.idx() >= n || r.vt.len() != n {
+                return Err(ProtocolError::Unexpected {
+                    from,
+                    what: format!("interval record of {} with {} vt entries", r.node, r.vt.len()),
+                });
+            }
+            if let Some(&page) = r.pages.iter().find(|p| p.0 >= npages) {
+                return Err(ProtocolError::PageOutOfRange { from, page, npages });
+            }
+            let k = &mut known[r.node.idx()];
+            if r.index > *k + 1 {
+                return Err(ProtocolError::IntervalGap { from, node: r.node, known: *k, got: r.index });
+            }
+            *k = (*k).max(r.index);
+        }
+        recs.retain(|r| r.index > self.log.known(r.node));
+        if recs.is_empty() {
+            return Ok(false);
+        }
+        self.close_interval();
+        let mut invalid = Vec::new();
+        for rec in recs {
+            for &p in &rec.pages {
+                if self.pages[p.idx()].twin.is_some() {
+                    self.cut_twin(p);
+                }
+                let w = self.pages[p.idx()].writer(rec.node, n);
+                w.noticed = w.noticed.max(rec.index);
+                invalid.push(p);
+            }
+            self.stats.intervals_incorporated += 1;
+            self.stats.write_notices_received += rec.pages.len() as u64;
+            self.vt.set(rec.node, rec.index.max(self.vt.get(rec.node)));
+            self.log.push(rec);
+        }
+        invalid.sort_unstable();
+        invalid.dedup();
+        self.invalidate(&invalid);
+        Ok(true)
+    }
+
+    /// Revokes all access to `pages` (ascending), in runs.
+    fn invalidate(&mut self, pages: &[PageIdx]) {
+        let mut i = 0;
+        while i < pages.len() {
+            if self.mem.access(pages[i]) == Access::None {
+                i += 1;
+                continue;
+            }
+            let start = pages[i];
+            let mut count = 1;
+            while i + (count as usize) < pages.len()
+                && pages[i + count as usize].0 == start.0 + count
+                && self.mem.access(pages[i + count as usize]) != Access::None
+            {
+                count += 1;
+            }
+            self.mem.set_access(start, count, Access::None);
+            self.stats.invalidations += u64::from(count);
+            i += count as usize;
+        }
+    }
+}

@@ -1,0 +1,352 @@
+//! Seeded simulation: several nodes in one process run random data-race-free programs over
+//! [`VecMemory`], with messages delivered in a random (seeded) interleaving that keeps each link
+//! FIFO, as TCP does. Every read is checked against a sequentially consistent oracle: in a
+//! data-race-free program the last write to a word in the simulation's execution order is
+//! ordered by happened-before with the read, so LRC must return exactly its value.
+//!
+//! Programs: phases separated by barriers. In each phase every word has a role: owned by one node
+//! (only it reads and writes it), guarded by a lock (accessed only inside critical sections of
+//! that lock), or read-only. Pages are tiny (64 bytes), so words of different owners share pages
+//! (false sharing, multiple writers). Writes to read-only pages take the fault handler's fast path
+//! or the protocol's slow path at random. Every message is round-tripped through postcard.
+//!
+//! A failure names its seed; `TMK_SIM_SEED=<seed> cargo test -p treadmarks sim` replays it.
+
+use super::*;
+use std::collections::VecDeque;
+
+const PAGE: usize = 64;
+const WORDS_PER_PAGE: u32 = (PAGE / 4) as u32;
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Read(u32),
+    Write(u32, u32),
+    Acquire(LockId),
+    Release(LockId),
+    Barrier(BarrierId),
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Role {
+    Owner(usize),
+    Locked(u32),
+    ReadOnly,
+}
+
+struct Shape {
+    n: usize,
+    words: u32,
+    nlocks: u32,
+    phases: usize,
+}
+
+fn generate(rng: &mut Rng, s: &Shape) -> Vec<Vec<Op>> {
+    let mut progs = vec![Vec::new(); s.n];
+    let mut counter = 0u32;
+    for phase in 0..s.phases {
+        let roles: Vec<Role> = (0..s.words)
+            .map(|_| match rng.below(10) {
+                0..=3 => Role::Owner(rng.below(s.n as u64) as usize),
+                4..=6 => Role::Locked(rng.below(u64::from(s.nlocks)) as u32),
+                _ => Role::ReadOnly,
+            })
+            .collect();
+        for (me, prog) in progs.iter_mut().enumerate() {
+            let free: Vec<u32> = (0..s.words)
+                .filter(|&w| {
+                    matches!(roles[w as usize], Role::ReadOnly) || roles[w as usize] == Role::Owner(me)
+                })
+                .collect();
+            for _ in 0..rng.below(25) {
+                if rng.chance(35) {
+                    let l = rng.below(u64::from(s.nlocks)) as u32;
+                    let guarded: Vec<u32> =
+                        (0..s.words).filter(|&w| roles[w as usize] == Role::Locked(l)).collect();
+                    prog.push(Op::Acquire(LockId(l)));
+                    for _ in 0..rng.below(5) {
+                        if guarded.is_empty() {
+                            break;
+                        }
+                        let w = guarded[rng.below(guarded.len() as u64) as usize];
+                        counter += 1;
+                        prog.push(if rng.chance(50) { Op::Write(w, counter) } else { Op::Read(w) });
+                    }
+                    prog.push(Op::Release(LockId(l)));
+                } else if !free.is_empty() {
+                    let w = free[rng.below(free.len() as u64) as usize];
+                    counter += 1;
+                    let owned = roles[w as usize] == Role::Owner(me);
+                    prog.push(if owned && rng.chance(60) { Op::Write(w, counter) } else { Op::Read(w) });
+                }
+            }
+            prog.push(Op::Barrier(BarrierId((phase % 3) as u32)));
+        }
+    }
+    for prog in &mut progs {
+        prog.extend((0..s.words).map(Op::Read));
+    }
+    progs
+}
+
+struct SimNode {
+    node: Node<VecMemory>,
+    prog: Vec<Op>,
+    pc: usize,
+    blocked: bool,
+    fast_twins: Vec<PageIdx>,
+    exited: bool,
+}
+
+struct Sim {
+    rng: Rng,
+    nodes: Vec<SimNode>,
+    links: Vec<VecDeque<Message>>,
+    oracle: Vec<u32>,
+    n: usize,
+    seed: u64,
+}
+
+fn locate(w: u32) -> (PageIdx, usize) {
+    (PageIdx(w / WORDS_PER_PAGE), (w % WORDS_PER_PAGE) as usize * 4)
+}
+
+impl Sim {
+    fn new(seed: u64, s: &Shape) -> Sim {
+        let mut rng = Rng(seed);
+        let progs = generate(&mut rng, s);
+        let npages = s.words.div_ceil(WORDS_PER_PAGE);
+        let access = if s.n == 1 { Access::ReadWrite } else { Access::Read };
+        let nodes = progs
+            .into_iter()
+            .enumerate()
+            .map(|(i, prog)| {
+                let cfg = NodeConfig {
+                    me: NodeId(i as u16),
+                    nprocs: s.n as u16,
+                    nlocks: s.nlocks,
+                    nbarriers: 3,
+                    heap_size: (npages as usize * PAGE) as u64,
+                };
+                let node = Node::new(cfg, VecMemory::new(npages, PAGE, access));
+                SimNode { node, prog, pc: 0, blocked: false, fast_twins: Vec::new(), exited: false }
+            })
+            .collect();
+        Sim {
+            rng,
+            nodes,
+            links: vec![VecDeque::new(); s.n * s.n],
+            oracle: vec![0; s.words as usize],
+            n: s.n,
+            seed,
+        }
+    }
+
+    /// Runs `f` on node `i` after reporting fast-path twins, then collects its output.
+    fn core(&mut self, i: usize, f: impl FnOnce(&mut Node<VecMemory>) -> Result<(), ProtocolError>) {
+        let seed = self.seed;
+        let sn = &mut self.nodes[i];
+        for p in sn.fast_twins.drain(..) {
+            sn.node.handle_twin_made(p);
+        }
+        if let Err(e) = f(&mut sn.node) {
+            panic!("seed {seed}: node {i}: protocol error: {e}");
+        }
+        while let Some((to, msg)) = sn.node.poll_transmit() {
+            assert_ne!(to.idx(), i, "seed {seed}: message to self escaped");
+            let bytes = postcard::to_allocvec(&msg).expect("encode");
+            let back: Message = postcard::from_bytes(&bytes).expect("decode");
+            assert_eq!(back, msg);
+            self.links[i * self.n + to.idx()].push_back(back);
+        }
+        while let Some(done) = sn.node.poll_done() {
+            assert!(
+                sn.blocked
+                    || matches!(done, AppDone::Acquired(_) | AppDone::FaultResolved(_) | AppDone::Exited),
+                "seed {seed}: node {i}: completion {done:?} while not blocked"
+            );
+            sn.blocked = false;
+            match done {
+                AppDone::FaultResolved(_) => {}
+                AppDone::Exited => sn.exited = true,
+                _ => sn.pc += 1,
+            }
+        }
+    }
+
+    fn step_app(&mut self, i: usize) {
+        let seed = self.seed;
+        let op = self.nodes[i].prog[self.nodes[i].pc];
+        let sn = &mut self.nodes[i];
+        match op {
+            Op::Read(w) => {
+                let (p, off) = locate(w);
+                if sn.node.mem().access(p) == Access::None {
+                    sn.blocked = true;
+                    let write = self.rng.chance(20);
+                    self.core(i, |n| n.handle_fault(p, write));
+                } else {
+                    let got = u32::from_ne_bytes(sn.node.mem().app_read(p)[off..off + 4].try_into().unwrap());
+                    let want = self.oracle[w as usize];
+                    assert_eq!(
+                        got, want,
+                        "seed {seed}: node {i} read word {w} ({p}) at pc {}: got {got}, oracle says {want}",
+                        sn.pc
+                    );
+                    sn.pc += 1;
+                }
+            }
+            Op::Write(w, v) => {
+                let (p, off) = locate(w);
+                match sn.node.mem().access(p) {
+                    Access::ReadWrite => {
+                        sn.node.mem_mut().app_write(p)[off..off + 4].copy_from_slice(&v.to_ne_bytes());
+                        self.oracle[w as usize] = v;
+                        sn.pc += 1;
+                    }
+                    Access::Read if self.rng.chance(50) => {
+                        // The fault handler's fast path: twin, unprotect, report later.
+                        let mem = sn.node.mem_mut();
+                        mem.make_twin(p);
+                        mem.set_access(p, 1, Access::ReadWrite);
+                        sn.fast_twins.push(p);
+                    }
+                    _ => {
+                        sn.blocked = true;
+                        let write = self.rng.chance(50);
+                        self.core(i, |n| n.handle_fault(p, write));
+                    }
+                }
+            }
+            Op::Acquire(l) => {
+                sn.blocked = true;
+                self.core(i, |n| n.request_acquire(l));
+            }
+            Op::Release(l) => {
+                sn.pc += 1;
+                self.core(i, |n| n.request_release(l));
+            }
+            Op::Barrier(b) => {
+                sn.blocked = true;
+                self.core(i, |n| n.request_barrier(b));
+            }
+        }
+    }
+
+    fn run(&mut self) {
+        let mut steps = 0u64;
+        loop {
+            steps += 1;
+            assert!(steps < 5_000_000, "seed {}: no progress", self.seed);
+            let runnable: Vec<usize> = (0..self.n)
+                .filter(|&i| !self.nodes[i].blocked && self.nodes[i].pc < self.nodes[i].prog.len())
+                .collect();
+            let busy: Vec<usize> = (0..self.links.len()).filter(|&l| !self.links[l].is_empty()).collect();
+            if runnable.is_empty() && busy.is_empty() {
+                break;
+            }
+            let pick = self.rng.below((runnable.len() + busy.len()) as u64) as usize;
+            if pick < runnable.len() {
+                self.step_app(runnable[pick]);
+            } else {
+                let l = busy[pick - runnable.len()];
+                let (from, to) = (l / self.n, l % self.n);
+                let msg = self.links[l].pop_front().expect("non-empty");
+                self.core(to, |n| n.handle_message(NodeId(from as u16), msg));
+            }
+        }
+        for (i, sn) in self.nodes.iter().enumerate() {
+            assert!(
+                !sn.blocked && sn.pc == sn.prog.len(),
+                "seed {}: deadlock: node {i} stuck at pc {} ({:?})",
+                self.seed,
+                sn.pc,
+                sn.prog.get(sn.pc)
+            );
+        }
+        // Orderly exit: everybody reaches it.
+        for i in 0..self.n {
+            self.nodes[i].blocked = true;
+            self.core(i, |n| n.request_exit());
+        }
+        while let Some(l) = (0..self.links.len()).find(|&l| !self.links[l].is_empty()) {
+            let (from, to) = (l / self.n, l % self.n);
+            let msg = self.links[l].pop_front().expect("non-empty");
+            self.core(to, |n| n.handle_message(NodeId(from as u16), msg));
+        }
+        assert!(self.nodes.iter().all(|sn| sn.exited), "seed {}: exit did not complete", self.seed);
+    }
+}
+
+fn run_seed(seed: u64) -> Vec<ProtocolStats> {
+    let mut pick = Rng(seed ^ 0x5eed);
+    let shape = Shape {
+        n: 1 + pick.below(4) as usize,
+        words: WORDS_PER_PAGE * (1 + pick.below(4) as u32),
+        nlocks: 1 + pick.below(3) as u32,
+        phases: 1 + pick.below(6) as usize,
+    };
+    let result = std::panic::catch_unwind(|| {
+        let mut sim = Sim::new(seed, &shape);
+        sim.run();
+        sim.nodes.iter().map(|sn| sn.node.stats().clone()).collect::<Vec<_>>()
+    });
+    match result {
+        Ok(stats) => stats,
+        Err(e) => {
+            let msg = e
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()));
+            panic!(
+                "simulation failed for seed {seed} ({} nodes, {} words, {} locks, {} phases): {}\nreplay: TMK_SIM_SEED={seed} cargo test -p treadmarks sim",
+                shape.n,
+                shape.words,
+                shape.nlocks,
+                shape.phases,
+                msg.unwrap_or_default()
+            )
+        }
+    }
+}
+
+#[test]
+fn random_data_race_free_programs_read_sequentially_consistent_values() {
+    if let Some(seed) = std::env::var("TMK_SIM_SEED").ok().and_then(|s| s.parse().ok()) {
+        run_seed(seed);
+        return;
+    }
+    let mut totals = ProtocolStats::default();
+    for seed in 0..1500 {
+        for s in run_seed(seed) {
+            totals.diffs_applied += s.diffs_applied;
+            totals.fast_twins += s.fast_twins;
+            totals.twins += s.twins;
+            totals.lock_acquires_remote += s.lock_acquires_remote;
+            totals.invalidations += s.invalidations;
+        }
+    }
+    eprintln!("sim totals: {totals:?}");
+    // The runs must actually exercise the protocol, or the oracle proves nothing.
+    assert!(totals.diffs_applied > 1000, "{totals:?}");
+    assert!(totals.fast_twins > 1000 && totals.twins > 1000, "{totals:?}");
+    assert!(totals.lock_acquires_remote > 1000 && totals.invalidations > 1000, "{totals:?}");
+}

@@ -1,0 +1,36 @@
+//! Counters the protocol core keeps. The runtime adds message, byte and wait-time counters.
+
+/// Protocol counters of one node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProtocolStats {
+    /// Faults on invalid pages (access misses).
+    pub read_misses: u64,
+    /// Write faults handled by the protocol core (the slow path).
+    pub write_faults: u64,
+    /// Twins made by the protocol core.
+    pub twins: u64,
+    /// Twins made by the fault handler's fast path (reported through `handle_twin_made`).
+    pub fast_twins: u64,
+    /// Diffs created (lazily) and their encoded bytes.
+    pub diffs_created: u64,
+    pub diff_bytes_created: u64,
+    /// Diffs applied and their encoded bytes.
+    pub diffs_applied: u64,
+    pub diff_bytes_applied: u64,
+    /// Diff requests sent and served.
+    pub diff_requests_sent: u64,
+    pub diff_requests_served: u64,
+    /// Intervals this node closed, and the write notices they carried.
+    pub intervals: u64,
+    pub write_notices_made: u64,
+    /// Remote interval records and write notices incorporated.
+    pub intervals_incorporated: u64,
+    pub write_notices_received: u64,
+    /// Pages invalidated by write notices.
+    pub invalidations: u64,
+    /// Lock acquires satisfied locally (token held) and remotely.
+    pub lock_acquires_local: u64,
+    pub lock_acquires_remote: u64,
+    /// Barriers passed.
+    pub barriers: u64,
+}
