@@ -6,14 +6,17 @@
 //!
 //! - [`codec`]: the frame layout (`u32` LE length, then a postcard payload; length 0 = goodbye)
 //!   and the one place the payload codec is chosen.
+//! - [`mesh`]: the bootstrap meeting with blocking std sockets, ending in one stream per pair.
 //! - [`error`]: [`TransportError`], the one error type of this layer.
 #![forbid(unsafe_code)]
 
 pub mod codec;
 pub mod error;
+pub mod mesh;
 
 pub use codec::{
     FrameLen, FrameReader, GOODBYE_FRAME, HEADER_LEN, MAX_FRAME, decode_header, decode_payload,
     encode_frame,
 };
 pub use error::TransportError;
+pub use mesh::{Mesh, MeshConfig, connect_mesh};
