@@ -16,7 +16,7 @@
 //! ```
 //!
 //! The connection to the root is the link to node 0. Handshake messages travel in
-//! [`codec`](super::codec) frames.
+//! [`codec`] frames.
 //!
 //! Invariants:
 //! - the whole meeting is bounded by `cfg.timeout`: every connect, accept, read and write is given
