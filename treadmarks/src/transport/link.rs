@@ -21,8 +21,8 @@
 //! - a reader delivers frames from one peer in order and ends with exactly one
 //!   [`LinkEvent::Closed`] for that peer (unless the event receiver is gone); a header above
 //!   [`MAX_FRAME`](super::codec::MAX_FRAME) or a stream cut inside a frame is
-//!   [`CloseCause::Malformed`], never a panic or a huge allocation before the bytes arrive
-//!   (a payload buffer is allocated at the announced size, which is at most 64 MiB);
+//!   [`CloseCause::Malformed`], never a panic (a payload buffer is allocated at the announced
+//!   size, so a peer can make us allocate at most 64 MiB per link at a time);
 //! - counters count data frames and their bytes (header included); the goodbye frame is not
 //!   counted.
 

@@ -129,19 +129,16 @@ pub fn connect_mesh(cfg: &MeshConfig, root_listener: Option<TcpListener>) -> Res
             meet_as_peer(cfg, &deadline, &mut peers)?;
         }
     }
-    for (j, stream) in peers.iter().enumerate() {
-        if let Some(stream) = stream {
-            let clear = stream
-                .set_read_timeout(None)
-                .and_then(|()| stream.set_write_timeout(None))
-                .and_then(|()| stream.set_nonblocking(false));
-            clear.map_err(|source| TransportError::Io {
-                op: "clear the timeouts of the connection to",
-                addr: peer_addr_or_unspecified(stream),
-                source,
-            })?;
-            debug_assert_ne!(j, cfg.rank.idx());
-        }
+    for stream in peers.iter().flatten() {
+        let clear = stream
+            .set_read_timeout(None)
+            .and_then(|()| stream.set_write_timeout(None))
+            .and_then(|()| stream.set_nonblocking(false));
+        clear.map_err(|source| TransportError::Io {
+            op: "clear the timeouts of the connection to",
+            addr: peer_addr_or_unspecified(stream),
+            source,
+        })?;
     }
     tracing::debug!(rank = %cfg.rank, nprocs = cfg.nprocs, "mesh complete");
     Ok(Mesh {

@@ -9,6 +9,17 @@
 //! - [`mesh`]: the bootstrap meeting with blocking std sockets, ending in one stream per pair.
 //! - [`link`]: the tokio side: a reader and a writer task per peer, frames in, events out.
 //! - [`error`]: [`TransportError`], the one error type of this layer.
+//!
+//! A node's sockets live through three phases, in this order:
+//! 1. [`connect_mesh`] (blocking, before tokio starts) meets every other node and returns a
+//!    [`Mesh`] of one checked stream per peer;
+//! 2. [`Links::start`] (inside the service thread's current-thread runtime) takes the streams
+//!    over; frames go out with [`Links::send`] and come back as [`LinkEvent`]s;
+//! 3. [`Links::goodbye`] then [`Links::flush_and_close`] end the job in order; each peer sees
+//!    [`CloseCause::Goodbye`], anything else ([`CloseCause::Eof`], an error) is a failure.
+//!
+//! It does not own message types, retries or ordering between different peers: those belong to
+//! the protocol and the runtime.
 #![forbid(unsafe_code)]
 
 pub mod codec;
