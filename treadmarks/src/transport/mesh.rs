@@ -1,0 +1,1049 @@
+//! The mesh meeting: how `nprocs` nodes find each other and end with one TCP stream per pair.
+//!
+//! It runs with blocking std sockets, before any tokio runtime exists.
+//!
+//! ```text
+//!  rank 0 (root)                        rank i > 0
+//!  listen on cfg.root / given listener  connect to root (retry "refused" with backoff)
+//!                                       bind own listener on the ip of that connection, port 0
+//!  accept nprocs-1 ◄──────────────────  Hello { rank, nprocs, fingerprint, listen_addr }
+//!  check: rank in 1..nprocs, not seen,
+//!         same nprocs, same fingerprint
+//!    bad: Reject { reason } ──────────► every connected peer; both sides return an error
+//!  all in: Table { addrs } ───────────► every peer (addrs[j] = where rank j listens)
+//!                                       connect to every 0 < j < i, send MeshHello { rank: i }
+//!                                       accept from every j > i, check its MeshHello
+//! ```
+//!
+//! The connection to the root is the link to node 0. Handshake messages travel in
+//! [`codec`] frames.
+//!
+//! Invariants:
+//! - the whole meeting is bounded by `cfg.timeout`: every connect, accept, read and write is given
+//!   only the time that remains, and running out is a [`TransportError::Timeout`] that names what
+//!   we were waiting for;
+//! - on success `peers[j]` is `Some` exactly for `j != rank`, every stream has `TCP_NODELAY` set,
+//!   is blocking and has no read or write timeout;
+//! - when the root fails the meeting it tells every peer it has heard from why (a `Reject`), so no
+//!   peer is left waiting for a table that will not come.
+//!
+//! This module does not own the streams after the meeting: [`link`](super::link) takes them over.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::codec::{self, FrameLen, HEADER_LEN};
+use super::error::{Result, TransportError};
+use crate::protocol::NodeId;
+
+const ROOT: NodeId = NodeId(0);
+
+/// How long the root waits to deliver a `Reject` to a peer before it gives up on it.
+const REJECT_WRITE_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// Sleep between polls of a nonblocking listener.
+const ACCEPT_POLL: Duration = Duration::from_millis(1);
+
+/// First and largest pause between attempts to reach a root that is not listening yet.
+const CONNECT_BACKOFF: (Duration, Duration) =
+    (Duration::from_millis(2), Duration::from_millis(100));
+
+/// What every node is started with.
+#[derive(Debug, Clone)]
+pub struct MeshConfig {
+    /// Number of nodes in the job.
+    pub nprocs: u16,
+    /// This node's rank, `0..nprocs`.
+    pub rank: NodeId,
+    /// Where rank 0 listens; the others connect here.
+    pub root: SocketAddr,
+    /// A summary of the configuration that must be identical on all nodes, e.g.
+    /// `"heap=1073741824@0x600000000000 locks=1024 barriers=64 page=4096 proto=1"`.
+    pub fingerprint: String,
+    /// Bound on the whole meeting.
+    pub timeout: Duration,
+}
+
+/// A full mesh: one blocking stream to every other node.
+#[derive(Debug)]
+pub struct Mesh {
+    /// This node's rank.
+    pub rank: NodeId,
+    /// Number of nodes.
+    pub nprocs: u16,
+    /// `peers[j]` is the stream to rank `j`; `peers[rank]` is `None`.
+    pub peers: Vec<Option<TcpStream>>,
+}
+
+/// The messages of the meeting, each in its own frame.
+#[derive(Debug, Serialize, Deserialize)]
+enum Handshake {
+    /// Rank i > 0 to the root: who I am and where I listen.
+    Hello {
+        rank: NodeId,
+        nprocs: u16,
+        fingerprint: String,
+        listen_addr: SocketAddr,
+    },
+    /// The root to everyone: where every rank listens (`addrs[0]` is the root itself).
+    Table { addrs: Vec<SocketAddr> },
+    /// The root to a peer: the meeting failed, and why.
+    Reject { reason: String },
+    /// Rank i to rank j < i, on the connection it opened to j.
+    MeshHello { rank: NodeId },
+}
+
+impl Handshake {
+    fn kind(&self) -> &'static str {
+        match self {
+            Handshake::Hello { .. } => "Hello",
+            Handshake::Table { .. } => "Table",
+            Handshake::Reject { .. } => "Reject",
+            Handshake::MeshHello { .. } => "MeshHello",
+        }
+    }
+}
+
+/// Runs the meeting and returns the mesh.
+///
+/// Rank 0 listens on `root_listener` if given (a launcher may pre-bind `127.0.0.1:0` and pass the
+/// real address to the other nodes), else it binds `cfg.root`. Other ranks ignore
+/// `root_listener`.
+pub fn connect_mesh(cfg: &MeshConfig, root_listener: Option<TcpListener>) -> Result<Mesh> {
+    if cfg.nprocs == 0 || cfg.rank.0 >= cfg.nprocs {
+        return Err(TransportError::BadConfig {
+            rank: cfg.rank,
+            nprocs: cfg.nprocs,
+        });
+    }
+    let deadline = Deadline::after(cfg.timeout);
+    let mut peers: Vec<Option<TcpStream>> = (0..cfg.nprocs).map(|_| None).collect();
+    if cfg.nprocs > 1 {
+        if cfg.rank == ROOT {
+            meet_as_root(cfg, root_listener, &deadline, &mut peers)?;
+        } else {
+            meet_as_peer(cfg, &deadline, &mut peers)?;
+        }
+    }
+    for stream in peers.iter().flatten() {
+        let clear = stream
+            .set_read_timeout(None)
+            .and_then(|()| stream.set_write_timeout(None))
+            .and_then(|()| stream.set_nonblocking(false));
+        clear.map_err(|source| TransportError::Io {
+            op: "clear the timeouts of the connection to",
+            addr: peer_addr_or_unspecified(stream),
+            source,
+        })?;
+    }
+    tracing::debug!(rank = %cfg.rank, nprocs = cfg.nprocs, "mesh complete");
+    Ok(Mesh {
+        rank: cfg.rank,
+        nprocs: cfg.nprocs,
+        peers,
+    })
+}
+
+/// A peer that sent its Hello to the root.
+struct Joined {
+    stream: TcpStream,
+    from: SocketAddr,
+    listen_addr: SocketAddr,
+}
+
+fn meet_as_root(
+    cfg: &MeshConfig,
+    root_listener: Option<TcpListener>,
+    deadline: &Deadline,
+    peers: &mut [Option<TcpStream>],
+) -> Result<()> {
+    let listener = match root_listener {
+        Some(listener) => listener,
+        None => TcpListener::bind(cfg.root).map_err(|source| TransportError::Io {
+            op: "bind the root listener at",
+            addr: cfg.root,
+            source,
+        })?,
+    };
+    let root_addr = listener.local_addr().map_err(|source| TransportError::Io {
+        op: "read the address of the root listener bound for",
+        addr: cfg.root,
+        source,
+    })?;
+    let mut joined: Vec<Option<Joined>> = (0..cfg.nprocs).map(|_| None).collect();
+    match gather_hellos(cfg, &listener, root_addr, deadline, &mut joined) {
+        Ok(()) => {}
+        Err((err, current)) => {
+            let reason = err.to_string();
+            let streams = joined
+                .iter_mut()
+                .filter_map(|j| j.take().map(|j| (j.stream, j.from)))
+                .chain(current);
+            for (stream, from) in streams {
+                reject(stream, from, &reason);
+            }
+            return Err(err);
+        }
+    }
+    let mut addrs = Vec::with_capacity(joined.len());
+    addrs.push(root_addr);
+    addrs.extend(joined.iter().skip(1).map(|j| {
+        j.as_ref()
+            .expect("gather_hellos fills every rank but 0")
+            .listen_addr
+    }));
+    let table = Handshake::Table { addrs };
+    for (rank, slot) in joined.into_iter().enumerate().skip(1) {
+        let mut peer = slot.expect("gather_hellos fills every rank but 0");
+        send(
+            &mut peer.stream,
+            peer.from,
+            &table,
+            deadline,
+            "send the table to",
+        )?;
+        peers[rank] = Some(peer.stream);
+    }
+    Ok(())
+}
+
+/// Accepts and checks a Hello from every rank but 0. On error, also returns the connection that
+/// caused it (if any), so that it too can be told.
+fn gather_hellos(
+    cfg: &MeshConfig,
+    listener: &TcpListener,
+    root_addr: SocketAddr,
+    deadline: &Deadline,
+    joined: &mut [Option<Joined>],
+) -> Result<(), (TransportError, Option<(TcpStream, SocketAddr)>)> {
+    let nprocs = cfg.nprocs;
+    for count in 0..nprocs - 1 {
+        let waiting_for = || {
+            let missing = missing_ranks(joined.iter().map(Option::is_some), ROOT);
+            format!(
+                "hello from {} at the root {root_addr} ({count} of {} peers joined)",
+                rank_list(&missing),
+                nprocs - 1
+            )
+        };
+        let (mut stream, from) =
+            accept(listener, root_addr, deadline, waiting_for).map_err(|err| (err, None))?;
+        let hello = recv(&mut stream, from, deadline, "receive a hello from", || {
+            format!("a hello from the connection from {from}")
+        });
+        let checked = hello.and_then(|hello| check_hello(cfg, hello, from, joined));
+        match checked {
+            Ok((rank, listen_addr)) => {
+                tracing::debug!(%rank, %from, %listen_addr, "joined the mesh");
+                joined[rank.idx()] = Some(Joined {
+                    stream,
+                    from,
+                    listen_addr,
+                });
+            }
+            Err(err) => return Err((err, Some((stream, from)))),
+        }
+    }
+    Ok(())
+}
+
+fn check_hello(
+    cfg: &MeshConfig,
+    hello: Handshake,
+    from: SocketAddr,
+    joined: &[Option<Joined>],
+) -> Result<(NodeId, SocketAddr)> {
+    let Handshake::Hello {
+        rank,
+        nprocs,
+        fingerprint,
+        listen_addr,
+    } = hello
+    else {
+        return Err(TransportError::UnexpectedMessage {
+            got: hello.kind(),
+            expected: "Hello",
+            addr: from,
+        });
+    };
+    if nprocs != cfg.nprocs {
+        return Err(TransportError::NprocsMismatch {
+            node: rank,
+            ours: cfg.nprocs,
+            theirs: nprocs,
+        });
+    }
+    if fingerprint != cfg.fingerprint {
+        return Err(TransportError::ConfigMismatch {
+            node: rank,
+            ours: cfg.fingerprint.clone(),
+            theirs: fingerprint,
+        });
+    }
+    if rank == ROOT || rank.0 >= cfg.nprocs {
+        return Err(TransportError::RankOutOfRange {
+            rank: rank.0,
+            expected: format!("1..{}", cfg.nprocs),
+            addr: from,
+        });
+    }
+    if let Some(first) = &joined[rank.idx()] {
+        return Err(TransportError::DuplicateRank {
+            rank,
+            first: first.from,
+            second: from,
+        });
+    }
+    Ok((rank, listen_addr))
+}
+
+/// Best effort: tells a peer why the meeting failed, then closes our side.
+fn reject(mut stream: TcpStream, addr: SocketAddr, reason: &str) {
+    let msg = Handshake::Reject {
+        reason: reason.to_owned(),
+    };
+    let Ok(frame) = codec::frame(&msg) else {
+        return;
+    };
+    let sent = stream
+        .set_write_timeout(Some(REJECT_WRITE_TIMEOUT))
+        .and_then(|()| stream.write_all(&frame));
+    if let Err(err) = sent {
+        tracing::debug!(%addr, %err, "could not deliver a reject");
+    }
+    let _ = stream.shutdown(Shutdown::Write);
+}
+
+fn meet_as_peer(
+    cfg: &MeshConfig,
+    deadline: &Deadline,
+    peers: &mut [Option<TcpStream>],
+) -> Result<()> {
+    let rank = cfg.rank;
+    let mut root = connect_root(cfg.root, deadline)?;
+    let local_ip = root
+        .local_addr()
+        .map_err(|source| TransportError::Io {
+            op: "read our address on the connection to the root at",
+            addr: cfg.root,
+            source,
+        })?
+        .ip();
+    let bind_at = SocketAddr::new(local_ip, 0);
+    let listener = TcpListener::bind(bind_at).map_err(|source| TransportError::Io {
+        op: "bind our mesh listener at",
+        addr: bind_at,
+        source,
+    })?;
+    let listen_addr = listener.local_addr().map_err(|source| TransportError::Io {
+        op: "read the address of our mesh listener bound at",
+        addr: bind_at,
+        source,
+    })?;
+    let hello = Handshake::Hello {
+        rank,
+        nprocs: cfg.nprocs,
+        fingerprint: cfg.fingerprint.clone(),
+        listen_addr,
+    };
+    send(
+        &mut root,
+        cfg.root,
+        &hello,
+        deadline,
+        "send our hello to the root at",
+    )?;
+    let reply = recv(
+        &mut root,
+        cfg.root,
+        deadline,
+        "receive the table from the root at",
+        || format!("the table from the root at {}", cfg.root),
+    )?;
+    let addrs = match reply {
+        Handshake::Table { addrs } => addrs,
+        Handshake::Reject { reason } => return Err(TransportError::Rejected { by: ROOT, reason }),
+        other => {
+            return Err(TransportError::UnexpectedMessage {
+                got: other.kind(),
+                expected: "Table",
+                addr: cfg.root,
+            });
+        }
+    };
+    if addrs.len() != usize::from(cfg.nprocs) {
+        return Err(TransportError::BadTable {
+            len: addrs.len(),
+            nprocs: cfg.nprocs,
+        });
+    }
+    peers[ROOT.idx()] = Some(root);
+
+    // Lower ranks already listen (everyone binds before sending its hello): connect to them.
+    for (j, &addr) in addrs.iter().enumerate().take(rank.idx()).skip(1) {
+        let mut stream = connect_once(addr, deadline, || {
+            format!("a connection to node {j} at {addr}")
+        })?;
+        send(
+            &mut stream,
+            addr,
+            &Handshake::MeshHello { rank },
+            deadline,
+            "send our mesh hello to",
+        )?;
+        peers[j] = Some(stream);
+    }
+
+    // Higher ranks connect to us.
+    let higher = cfg.nprocs - rank.0 - 1;
+    for count in 0..higher {
+        let waiting_for = || {
+            let missing: Vec<NodeId> = (rank.0 + 1..cfg.nprocs)
+                .map(NodeId)
+                .filter(|j| peers[j.idx()].is_none())
+                .collect();
+            format!(
+                "{} to connect to us at {listen_addr} ({count} of {higher} connected)",
+                rank_list(&missing)
+            )
+        };
+        let (mut stream, from) = accept(&listener, listen_addr, deadline, waiting_for)?;
+        let msg = recv(
+            &mut stream,
+            from,
+            deadline,
+            "receive a mesh hello from",
+            || format!("a mesh hello from the connection from {from}"),
+        )?;
+        let Handshake::MeshHello { rank: theirs } = msg else {
+            return Err(TransportError::UnexpectedMessage {
+                got: msg.kind(),
+                expected: "MeshHello",
+                addr: from,
+            });
+        };
+        if theirs.0 <= rank.0 || theirs.0 >= cfg.nprocs {
+            return Err(TransportError::RankOutOfRange {
+                rank: theirs.0,
+                expected: format!("{}..{}", rank.0 + 1, cfg.nprocs),
+                addr: from,
+            });
+        }
+        if peers[theirs.idx()].is_some() {
+            return Err(TransportError::DuplicateRank {
+                rank: theirs,
+                first: addrs[theirs.idx()],
+                second: from,
+            });
+        }
+        peers[theirs.idx()] = Some(stream);
+    }
+    Ok(())
+}
+
+/// Connects to the root, retrying while it is not listening yet.
+fn connect_root(root: SocketAddr, deadline: &Deadline) -> Result<TcpStream> {
+    let waiting_for = || format!("the root (node 0) to accept us at {root}");
+    let mut pause = CONNECT_BACKOFF.0;
+    loop {
+        let remaining = deadline.remaining(waiting_for)?;
+        match TcpStream::connect_timeout(&root, remaining) {
+            Ok(stream) => {
+                set_nodelay(&stream, root)?;
+                return Ok(stream);
+            }
+            Err(err) if is_timeout(&err) => return Err(deadline.expired(waiting_for())),
+            Err(err)
+                if matches!(
+                    err.kind(),
+                    io::ErrorKind::ConnectionRefused
+                        | io::ErrorKind::ConnectionReset
+                        | io::ErrorKind::ConnectionAborted
+                        | io::ErrorKind::Interrupted
+                ) =>
+            {
+                let remaining = deadline.remaining(waiting_for)?;
+                thread::sleep(pause.min(remaining));
+                pause = (pause * 2).min(CONNECT_BACKOFF.1);
+            }
+            Err(source) => {
+                return Err(TransportError::Io {
+                    op: "connect to the root at",
+                    addr: root,
+                    source,
+                });
+            }
+        }
+    }
+}
+
+/// Connects to a peer that is known to listen already.
+fn connect_once(
+    addr: SocketAddr,
+    deadline: &Deadline,
+    waiting_for: impl Fn() -> String,
+) -> Result<TcpStream> {
+    let remaining = deadline.remaining(&waiting_for)?;
+    match TcpStream::connect_timeout(&addr, remaining) {
+        Ok(stream) => {
+            set_nodelay(&stream, addr)?;
+            Ok(stream)
+        }
+        Err(err) if is_timeout(&err) => Err(deadline.expired(waiting_for())),
+        Err(source) => Err(TransportError::Io {
+            op: "connect to",
+            addr,
+            source,
+        }),
+    }
+}
+
+/// Accepts one connection before the deadline (polling a nonblocking listener).
+fn accept(
+    listener: &TcpListener,
+    local: SocketAddr,
+    deadline: &Deadline,
+    waiting_for: impl Fn() -> String,
+) -> Result<(TcpStream, SocketAddr)> {
+    let io_err = |source| TransportError::Io {
+        op: "accept a connection on",
+        addr: local,
+        source,
+    };
+    listener.set_nonblocking(true).map_err(io_err)?;
+    loop {
+        match listener.accept() {
+            Ok((stream, from)) => {
+                stream
+                    .set_nonblocking(false)
+                    .map_err(|source| TransportError::Io {
+                        op: "make blocking the connection from",
+                        addr: from,
+                        source,
+                    })?;
+                set_nodelay(&stream, from)?;
+                return Ok((stream, from));
+            }
+            Err(err)
+                if matches!(
+                    err.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::Interrupted
+                        | io::ErrorKind::ConnectionAborted
+                ) =>
+            {
+                let remaining = deadline.remaining(&waiting_for)?;
+                thread::sleep(ACCEPT_POLL.min(remaining));
+            }
+            Err(source) => return Err(io_err(source)),
+        }
+    }
+}
+
+/// Sends one handshake message, bounded by the deadline.
+fn send(
+    stream: &mut TcpStream,
+    addr: SocketAddr,
+    msg: &Handshake,
+    deadline: &Deadline,
+    op: &'static str,
+) -> Result<()> {
+    let frame = codec::frame(msg)?;
+    let waiting_for = || format!("{addr} to take our {}", msg.kind());
+    let remaining = deadline.remaining(waiting_for)?;
+    let io_err = |source| TransportError::Io { op, addr, source };
+    stream.set_write_timeout(Some(remaining)).map_err(io_err)?;
+    match stream.write_all(&frame) {
+        Ok(()) => Ok(()),
+        Err(err) if is_timeout(&err) => Err(deadline.expired(waiting_for())),
+        Err(source) => Err(io_err(source)),
+    }
+}
+
+/// Receives one handshake message, bounded by the deadline.
+fn recv(
+    stream: &mut TcpStream,
+    addr: SocketAddr,
+    deadline: &Deadline,
+    op: &'static str,
+    waiting_for: impl Fn() -> String,
+) -> Result<Handshake> {
+    let mut header = [0; HEADER_LEN];
+    read_full(stream, addr, &mut header, deadline, op, &waiting_for)?;
+    let len = match codec::decode_header(header, None)? {
+        FrameLen::Goodbye => {
+            return Err(TransportError::UnexpectedMessage {
+                got: "goodbye frame",
+                expected: "a handshake message",
+                addr,
+            });
+        }
+        FrameLen::Payload(len) => len,
+    };
+    // Grow the buffer as bytes arrive: a header alone must not make us allocate 64 MiB.
+    let mut payload = Vec::new();
+    while payload.len() < len {
+        let at = payload.len();
+        let chunk = (len - at).min(64 << 10);
+        payload.resize(at + chunk, 0);
+        read_full(stream, addr, &mut payload[at..], deadline, op, &waiting_for)?;
+    }
+    codec::decode_payload(&payload)
+}
+
+fn read_full(
+    stream: &mut TcpStream,
+    addr: SocketAddr,
+    mut buf: &mut [u8],
+    deadline: &Deadline,
+    op: &'static str,
+    waiting_for: &impl Fn() -> String,
+) -> Result<()> {
+    let io_err = |source| TransportError::Io { op, addr, source };
+    while !buf.is_empty() {
+        let remaining = deadline.remaining(waiting_for)?;
+        stream.set_read_timeout(Some(remaining)).map_err(io_err)?;
+        match stream.read(buf) {
+            Ok(0) => {
+                return Err(io_err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the peer closed the connection",
+                )));
+            }
+            Ok(n) => buf = &mut buf[n..],
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+            Err(err) if is_timeout(&err) => return Err(deadline.expired(waiting_for())),
+            Err(source) => return Err(io_err(source)),
+        }
+    }
+    Ok(())
+}
+
+fn set_nodelay(stream: &TcpStream, addr: SocketAddr) -> Result<()> {
+    stream
+        .set_nodelay(true)
+        .map_err(|source| TransportError::Io {
+            op: "set TCP_NODELAY on the connection to",
+            addr,
+            source,
+        })
+}
+
+fn peer_addr_or_unspecified(stream: &TcpStream) -> SocketAddr {
+    stream
+        .peer_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)))
+}
+
+/// A read or write timeout, or a connect that took too long.
+fn is_timeout(err: &io::Error) -> bool {
+    matches!(
+        err.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
+/// Ranks `0..` whose slot is empty, except `skip`.
+fn missing_ranks(present: impl Iterator<Item = bool>, skip: NodeId) -> Vec<NodeId> {
+    present
+        .enumerate()
+        .filter(|&(j, here)| !here && j != skip.idx())
+        .map(|(j, _)| NodeId(u16::try_from(j).expect("ranks fit in u16")))
+        .collect()
+}
+
+/// "node 3" or "nodes 2, 3".
+fn rank_list(ranks: &[NodeId]) -> String {
+    match ranks {
+        [] => "no node".to_owned(),
+        [one] => one.to_string(),
+        many => {
+            let list: Vec<String> = many.iter().map(|r| r.0.to_string()).collect();
+            format!("nodes {}", list.join(", "))
+        }
+    }
+}
+
+/// The end of the meeting.
+struct Deadline {
+    end: Instant,
+    timeout: Duration,
+}
+
+impl Deadline {
+    fn after(timeout: Duration) -> Self {
+        Self {
+            end: Instant::now() + timeout,
+            timeout,
+        }
+    }
+
+    /// Time left, or a `Timeout` naming what we were waiting for.
+    fn remaining(&self, waiting_for: impl Fn() -> String) -> Result<Duration> {
+        let left = self.end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            Err(self.expired(waiting_for()))
+        } else {
+            Ok(left)
+        }
+    }
+
+    fn expired(&self, waiting_for: String) -> TransportError {
+        TransportError::Timeout {
+            waiting_for,
+            timeout: self.timeout,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::codec::{FrameReader, decode_payload, encode_frame};
+    use serde_bytes::ByteBuf;
+
+    const FP: &str = "heap=1073741824@0x600000000000 locks=1024 barriers=64 page=4096 proto=1";
+
+    fn config(nprocs: u16, rank: u16, root: SocketAddr, timeout: Duration) -> MeshConfig {
+        MeshConfig {
+            nprocs,
+            rank: NodeId(rank),
+            root,
+            fingerprint: FP.to_owned(),
+            timeout,
+        }
+    }
+
+    fn bind_root() -> (TcpListener, SocketAddr) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        (listener, addr)
+    }
+
+    /// Runs one meeting with a node per thread; `cfgs[0]` gets the pre-bound listener.
+    fn meet(listener: TcpListener, cfgs: Vec<MeshConfig>) -> Vec<Result<Mesh>> {
+        let mut listener = Some(listener);
+        thread::scope(|s| {
+            let handles: Vec<_> = cfgs
+                .into_iter()
+                .map(|cfg| {
+                    let l = if cfg.rank == ROOT {
+                        listener.take()
+                    } else {
+                        None
+                    };
+                    s.spawn(move || connect_mesh(&cfg, l))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    struct Probe {
+        from: NodeId,
+        to: NodeId,
+        body: ByteBuf,
+    }
+
+    fn body(from: u16, to: u16) -> ByteBuf {
+        ByteBuf::from(
+            (0..1000u32)
+                .map(|k| (k * 31 + u32::from(from) * 7 + u32::from(to)) as u8)
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    #[test]
+    fn four_nodes_get_a_full_mesh() {
+        let n = 4;
+        let (listener, root) = bind_root();
+        let cfgs = (0..n)
+            .map(|r| config(n, r, root, Duration::from_secs(10)))
+            .collect();
+        let meshes: Vec<Mesh> = meet(listener, cfgs)
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+
+        thread::scope(|s| {
+            for mut mesh in meshes {
+                s.spawn(move || {
+                    let me = mesh.rank;
+                    assert_eq!(mesh.nprocs, n);
+                    assert_eq!(mesh.peers.len(), usize::from(n));
+                    for (j, peer) in mesh.peers.iter_mut().enumerate() {
+                        let Some(stream) = peer else {
+                            assert_eq!(j, me.idx());
+                            continue;
+                        };
+                        assert!(stream.nodelay().unwrap());
+                        assert_eq!(stream.read_timeout().unwrap(), None);
+                        let to = NodeId(j as u16);
+                        let mut out = Vec::new();
+                        encode_frame(
+                            &Probe {
+                                from: me,
+                                to,
+                                body: body(me.0, to.0),
+                            },
+                            &mut out,
+                        )
+                        .unwrap();
+                        stream.write_all(&out).unwrap();
+                    }
+                    for (j, peer) in mesh.peers.iter_mut().enumerate() {
+                        let Some(stream) = peer else { continue };
+                        let mut reader = FrameReader::from_node(NodeId(j as u16));
+                        let mut buf = [0u8; 512];
+                        let frame = loop {
+                            if let Some(frame) = reader.next_frame().unwrap() {
+                                break frame;
+                            }
+                            let got = stream.read(&mut buf).unwrap();
+                            assert_ne!(got, 0, "{me}: node {j} closed early");
+                            reader.push(&buf[..got]);
+                        };
+                        let codec::Frame::Payload(payload) = frame else {
+                            panic!("goodbye from {j}")
+                        };
+                        let probe: Probe = decode_payload(&payload).unwrap();
+                        let from = NodeId(j as u16);
+                        assert_eq!(
+                            probe,
+                            Probe {
+                                from,
+                                to: me,
+                                body: body(from.0, me.0)
+                            }
+                        );
+                    }
+                });
+            }
+        });
+    }
+
+    #[test]
+    fn peers_wait_for_a_late_root() {
+        // Reserve a port, free it, and start the root only later on that address.
+        let (listener, root) = bind_root();
+        drop(listener);
+        let results = thread::scope(|s| {
+            let peer =
+                s.spawn(move || connect_mesh(&config(2, 1, root, Duration::from_secs(10)), None));
+            thread::sleep(Duration::from_millis(100));
+            let root_node =
+                s.spawn(move || connect_mesh(&config(2, 0, root, Duration::from_secs(10)), None));
+            [root_node.join().unwrap(), peer.join().unwrap()]
+        });
+        for r in results {
+            let mesh = r.unwrap();
+            assert_eq!(mesh.peers.iter().filter(|p| p.is_some()).count(), 1);
+        }
+    }
+
+    #[test]
+    fn single_node_needs_no_sockets() {
+        let (_, root) = bind_root();
+        let mesh = connect_mesh(&config(1, 0, root, Duration::from_secs(1)), None).unwrap();
+        assert_eq!(mesh.peers.len(), 1);
+        assert!(mesh.peers[0].is_none());
+        let err = connect_mesh(&config(2, 2, root, Duration::from_secs(1)), None).unwrap_err();
+        assert!(matches!(err, TransportError::BadConfig { .. }), "{err}");
+    }
+
+    #[test]
+    fn fingerprint_mismatch_fails_both_sides() {
+        let (listener, root) = bind_root();
+        let mut odd = config(2, 1, root, Duration::from_secs(10));
+        odd.fingerprint = "heap=2048 proto=1".to_owned();
+        let mut results = meet(
+            listener,
+            vec![config(2, 0, root, Duration::from_secs(10)), odd],
+        );
+        let peer = results.pop().unwrap().unwrap_err();
+        let root_err = results.pop().unwrap().unwrap_err();
+
+        match &root_err {
+            TransportError::ConfigMismatch { node, ours, theirs } => {
+                assert_eq!(*node, NodeId(1));
+                assert_eq!(ours, FP);
+                assert_eq!(theirs, "heap=2048 proto=1");
+            }
+            other => panic!("root: {other}"),
+        }
+        let msg = root_err.to_string();
+        assert!(
+            msg.starts_with("node 1 announced configuration \"heap=2048 proto=1\""),
+            "{msg}"
+        );
+        assert!(msg.contains(FP), "{msg}");
+
+        match &peer {
+            TransportError::Rejected { by, reason } => {
+                assert_eq!(*by, ROOT);
+                assert!(
+                    reason.contains("heap=2048 proto=1") && reason.contains(FP),
+                    "{reason}"
+                );
+            }
+            other => panic!("peer: {other}"),
+        }
+    }
+
+    #[test]
+    fn nprocs_mismatch_names_both_counts() {
+        let (listener, root) = bind_root();
+        let mut results = meet(
+            listener,
+            vec![
+                config(4, 0, root, Duration::from_secs(10)),
+                config(3, 2, root, Duration::from_secs(10)),
+            ],
+        );
+        let peer = results.pop().unwrap().unwrap_err();
+        let root_err = results.pop().unwrap().unwrap_err();
+        assert_eq!(
+            root_err.to_string(),
+            "node 2 announced 3 nodes, we were started with 4"
+        );
+        assert!(matches!(peer, TransportError::Rejected { .. }), "{peer}");
+    }
+
+    #[test]
+    fn duplicate_rank_fails_the_meeting() {
+        let (listener, root) = bind_root();
+        let t = Duration::from_secs(10);
+        let mut results = meet(
+            listener,
+            vec![
+                config(3, 0, root, t),
+                config(3, 1, root, t),
+                config(3, 1, root, t),
+            ],
+        );
+        let peers = results.split_off(1);
+        let root_err = results.pop().unwrap().unwrap_err();
+        assert!(
+            matches!(
+                root_err,
+                TransportError::DuplicateRank {
+                    rank: NodeId(1),
+                    ..
+                }
+            ),
+            "{root_err}"
+        );
+        assert!(
+            root_err.to_string().starts_with("node 1 announced twice"),
+            "{root_err}"
+        );
+        for p in peers {
+            let err = p.unwrap_err();
+            assert!(
+                matches!(&err, TransportError::Rejected { reason, .. } if reason.contains("announced twice")),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn rank_out_of_range_is_refused() {
+        let (listener, root) = bind_root();
+        let mut raw = TcpStream::connect(root).unwrap();
+        let hello = Handshake::Hello {
+            rank: NodeId(9),
+            nprocs: 2,
+            fingerprint: FP.to_owned(),
+            listen_addr: root,
+        };
+        raw.write_all(&codec::frame(&hello).unwrap()).unwrap();
+        let err =
+            connect_mesh(&config(2, 0, root, Duration::from_secs(5)), Some(listener)).unwrap_err();
+        assert!(
+            matches!(err, TransportError::RankOutOfRange { rank: 9, .. }),
+            "{err}"
+        );
+        assert!(
+            err.to_string()
+                .contains("announced rank 9, expected one of 1..2"),
+            "{err}"
+        );
+        // The impostor is told.
+        let mut bytes = Vec::new();
+        raw.read_to_end(&mut bytes).unwrap();
+        let reply: Handshake = decode_payload(&bytes[HEADER_LEN..]).unwrap();
+        assert!(matches!(reply, Handshake::Reject { .. }), "{reply:?}");
+    }
+
+    #[test]
+    fn garbage_hello_is_an_error_not_a_panic() {
+        let (listener, root) = bind_root();
+        let mut raw = TcpStream::connect(root).unwrap();
+        raw.write_all(&[5, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff])
+            .unwrap();
+        let err =
+            connect_mesh(&config(2, 0, root, Duration::from_secs(5)), Some(listener)).unwrap_err();
+        assert!(
+            matches!(err, TransportError::Decode { len: 5, .. }),
+            "{err}"
+        );
+
+        let (listener, root) = bind_root();
+        let mut raw = TcpStream::connect(root).unwrap();
+        raw.write_all(&[0xff, 0xff, 0xff, 0xff]).unwrap();
+        let err =
+            connect_mesh(&config(2, 0, root, Duration::from_secs(5)), Some(listener)).unwrap_err();
+        assert!(matches!(err, TransportError::FrameTooLarge { .. }), "{err}");
+    }
+
+    #[test]
+    fn missing_node_times_out_naming_it() {
+        let (listener, root) = bind_root();
+        let started = Instant::now();
+        // Rank 2 never comes. Rank 1 waits longer than the root, so it hears the root's reason.
+        let mut results = meet(
+            listener,
+            vec![
+                config(3, 0, root, Duration::from_millis(500)),
+                config(3, 1, root, Duration::from_secs(10)),
+            ],
+        );
+        assert!(started.elapsed() < Duration::from_secs(5));
+        let peer = results.pop().unwrap().unwrap_err();
+        let root_err = results.pop().unwrap().unwrap_err();
+        match &root_err {
+            TransportError::Timeout {
+                waiting_for,
+                timeout,
+            } => {
+                assert_eq!(*timeout, Duration::from_millis(500));
+                assert!(
+                    waiting_for.starts_with("hello from node 2 "),
+                    "{waiting_for}"
+                );
+                assert!(waiting_for.contains("1 of 2 peers joined"), "{waiting_for}");
+            }
+            other => panic!("root: {other}"),
+        }
+        assert!(
+            matches!(&peer, TransportError::Rejected { reason, .. } if reason.contains("node 2")),
+            "{peer}"
+        );
+    }
+
+    #[test]
+    fn missing_root_times_out() {
+        let (listener, root) = bind_root();
+        drop(listener);
+        let err = connect_mesh(&config(2, 1, root, Duration::from_millis(300)), None).unwrap_err();
+        assert!(
+            matches!(&err, TransportError::Timeout { waiting_for, .. } if waiting_for.contains("root (node 0)")),
+            "{err}"
+        );
+    }
+}
