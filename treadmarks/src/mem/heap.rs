@@ -1,0 +1,395 @@
+//! [`Heap`]: one memfd mapped twice (application view at a fixed address, runtime view anywhere)
+//! plus a lazily committed twin area, and the per-page state that follows the app view's
+//! protection.
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+
+use super::error::MemError;
+use super::ring::TwinRing;
+use super::state;
+use crate::protocol::ids::PageIdx;
+
+/// Where and how big the shared heap is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeapLayout {
+    /// Fixed virtual address of the application view (page aligned). Same on every node.
+    pub base: usize,
+    /// Bytes (a non-zero multiple of the page size).
+    pub size: usize,
+    /// `false` for a 1-node job: the application view is mapped read-write and never faults.
+    pub protect: bool,
+}
+
+/// Fault statistics of a heap. All counts since [`Heap::map`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultCounters {
+    /// Write faults on read-only pages resolved in the signal handler (page twinned, unprotected).
+    pub fast_write_faults: u64,
+    /// Faults handed to the service thread through the [`Doorbell`](super::Doorbell).
+    pub handoffs: u64,
+    /// Faults that found the page in transition (`BUSY`) and were retried.
+    pub busy_retries: u64,
+    /// Faults that found the page already accessible when the handler looked (a protection
+    /// change raced with the access) and were simply retried.
+    pub spurious_faults: u64,
+    /// `mprotect` calls made by [`HeapPages::set_access`](super::HeapPages) (one per run).
+    pub protect_calls: u64,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct AtomicCounters {
+    pub(super) fast_write_faults: AtomicU64,
+    pub(super) handoffs: AtomicU64,
+    pub(super) busy_retries: AtomicU64,
+    pub(super) spurious_faults: AtomicU64,
+    pub(super) protect_calls: AtomicU64,
+}
+
+impl AtomicCounters {
+    /// Async-signal-safe increment.
+    pub(super) fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The shared heap of one node. See the [module docs](super) for the layout and invariants.
+#[derive(Debug)]
+pub struct Heap {
+    /// Application view: `size` bytes at exactly `layout.base`, protection per page state.
+    app: NonNull<u8>,
+    /// Runtime view of the same memfd: always read-write, used only by this module.
+    runtime: NonNull<u8>,
+    /// Twin area: private anonymous, `size` bytes, twin of page p at `p * page_size`.
+    twins: NonNull<u8>,
+    size: usize,
+    page_size: usize,
+    npages: u32,
+    /// Keeps the memfd open as long as the views (not strictly needed once mapped, but cheap
+    /// and it makes the backing object visible in /proc/self/fd for debugging).
+    _memfd: OwnedFd,
+    pub(super) states: Box<[AtomicU8]>,
+    pub(super) ring: TwinRing,
+    pub(super) counters: AtomicCounters,
+}
+
+// SAFETY: the raw pointers are addresses of mappings owned by the `Heap` for its whole life
+// (unmapped only in `Drop`); all shared mutable state reachable through `&Heap` is atomic
+// (`states`, `ring`, `counters`), and the page bytes behind the pointers are only handed out by
+// `HeapPages` under the page-sharing rule, never through `&Heap` itself.
+unsafe impl Send for Heap {}
+// SAFETY: see `Send` above.
+unsafe impl Sync for Heap {}
+
+/// The system page size.
+pub(super) fn system_page_size() -> usize {
+    // SAFETY: `sysconf` has no memory-safety preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if n <= 0 { 4096 } else { n as usize }
+}
+
+/// `mmap` returning the address or the OS error.
+///
+/// # Safety
+/// Same as `libc::mmap`; with `MAP_FIXED` flags the caller must own the target range.
+unsafe fn mmap(
+    addr: usize,
+    len: usize,
+    prot: libc::c_int,
+    flags: libc::c_int,
+    fd: libc::c_int,
+) -> io::Result<NonNull<u8>> {
+    // SAFETY: forwarded to the caller.
+    let p = unsafe { libc::mmap(addr as *mut libc::c_void, len, prot, flags, fd, 0) };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned address 0"))
+}
+
+/// Unmaps a region this module mapped. Failure is impossible for a region we mapped ourselves.
+///
+/// # Safety
+/// `ptr..ptr+len` must be a mapping created by this module that nothing uses any more.
+unsafe fn munmap(ptr: NonNull<u8>, len: usize) {
+    // SAFETY: forwarded to the caller.
+    unsafe { libc::munmap(ptr.as_ptr().cast(), len) };
+}
+
+/// Unmaps a region on early return from `Heap::map`.
+struct Unmap(Option<(NonNull<u8>, usize)>);
+
+impl Unmap {
+    fn keep(mut self) -> NonNull<u8> {
+        self.0.take().expect("mapping kept twice").0
+    }
+}
+
+impl Drop for Unmap {
+    fn drop(&mut self) {
+        if let Some((p, len)) = self.0 {
+            // SAFETY: `p..p+len` was just mapped by `Heap::map` and not yet handed out.
+            unsafe { munmap(p, len) };
+        }
+    }
+}
+
+impl Heap {
+    /// Maps the shared heap: the application view at exactly `layout.base`, a runtime view and a
+    /// twin area. Every page starts zeroed and valid (`Read` if `protect`, else `ReadWrite`).
+    pub fn map(layout: HeapLayout) -> Result<Arc<Heap>, MemError> {
+        let HeapLayout {
+            base,
+            size,
+            protect,
+        } = layout;
+        let page_size = system_page_size();
+        let invalid = |reason| MemError::InvalidLayout {
+            base,
+            size,
+            page_size,
+            reason,
+        };
+        if base == 0 || base % page_size != 0 {
+            return Err(invalid("base must be a non-zero multiple of the page size"));
+        }
+        if size == 0 || size % page_size != 0 {
+            return Err(invalid("size must be a non-zero multiple of the page size"));
+        }
+        if base.checked_add(size).is_none() {
+            return Err(invalid("base + size overflows the address space"));
+        }
+        let npages =
+            u32::try_from(size / page_size).map_err(|_| invalid("more than 2^32 - 1 pages"))?;
+
+        const NAME: &CStr = c"treadmarks-heap";
+        // SAFETY: `NAME` is a NUL-terminated string that outlives the call.
+        let fd = unsafe { libc::memfd_create(NAME.as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(MemError::Sys {
+                op: "create the shared heap memfd",
+                size,
+                source: io::Error::last_os_error(),
+            });
+        }
+        // SAFETY: `fd` was just returned by `memfd_create` and is owned by nobody else.
+        let memfd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let len = libc::off_t::try_from(size).map_err(|_| invalid("size does not fit off_t"))?;
+        // SAFETY: plain syscall on a descriptor we own.
+        if unsafe { libc::ftruncate(memfd.as_raw_fd(), len) } != 0 {
+            return Err(MemError::Sys {
+                op: "size the shared heap memfd",
+                size,
+                source: io::Error::last_os_error(),
+            });
+        }
+
+        let app_prot = if protect {
+            libc::PROT_READ
+        } else {
+            libc::PROT_READ | libc::PROT_WRITE
+        };
+        // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping; it fails with EEXIST.
+        let app = unsafe {
+            mmap(
+                base,
+                size,
+                app_prot,
+                libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE,
+                memfd.as_raw_fd(),
+            )
+        }
+        .map_err(|source| match source.raw_os_error() {
+            Some(libc::EEXIST) => MemError::AddressInUse { base, size },
+            _ => MemError::Sys {
+                op: "map the application view of the shared heap",
+                size,
+                source,
+            },
+        })?;
+        let app = Unmap(Some((app, size)));
+        let got = app.0.expect("just mapped").0.as_ptr() as usize;
+        if got != base {
+            // Kernel before 4.17: the flag was ignored and taken as a hint.
+            return Err(MemError::PlacedElsewhere { base, size, got });
+        }
+        // SAFETY: no fixed address: the kernel picks a free range.
+        let runtime = unsafe {
+            mmap(
+                0,
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                memfd.as_raw_fd(),
+            )
+        }
+        .map_err(|source| MemError::Sys {
+            op: "map the runtime view of the shared heap",
+            size,
+            source,
+        })?;
+        let runtime = Unmap(Some((runtime, size)));
+        // SAFETY: no fixed address; anonymous memory, committed page by page on first touch.
+        let twins = unsafe {
+            mmap(
+                0,
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+            )
+        }
+        .map_err(|source| MemError::Sys {
+            op: "reserve the twin area",
+            size,
+            source,
+        })?;
+
+        let initial = if protect {
+            state::READ_ONLY
+        } else {
+            state::READ_WRITE
+        };
+        Ok(Arc::new(Heap {
+            app: app.keep(),
+            runtime: runtime.keep(),
+            twins,
+            size,
+            page_size,
+            npages,
+            _memfd: memfd,
+            states: (0..npages).map(|_| AtomicU8::new(initial)).collect(),
+            ring: TwinRing::new(npages),
+            counters: AtomicCounters::default(),
+        }))
+    }
+
+    /// Base of the application view (== `layout.base`).
+    pub fn app_base(&self) -> *mut u8 {
+        self.app.as_ptr()
+    }
+
+    /// Size in bytes.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Bytes per page (from `sysconf`).
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    /// Number of pages.
+    pub fn npages(&self) -> u32 {
+        self.npages
+    }
+
+    /// Calls `f` once for every page the signal handler twinned (and made writable) since the
+    /// last drain. Only the service thread may call it (panics if two threads drain at once).
+    pub fn drain_fast_twins(&self, f: impl FnMut(PageIdx)) {
+        self.ring.drain(f);
+    }
+
+    /// A snapshot of the fault counters.
+    pub fn counters(&self) -> FaultCounters {
+        let c = &self.counters;
+        FaultCounters {
+            fast_write_faults: c.fast_write_faults.load(Ordering::Relaxed),
+            handoffs: c.handoffs.load(Ordering::Relaxed),
+            busy_retries: c.busy_retries.load(Ordering::Relaxed),
+            spurious_faults: c.spurious_faults.load(Ordering::Relaxed),
+            protect_calls: c.protect_calls.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The page holding application-view address `addr`, if it is inside the heap.
+    pub(super) fn page_of(&self, addr: usize) -> Option<u32> {
+        let off = addr.checked_sub(self.app.as_ptr() as usize)?;
+        (off < self.size).then(|| (off / self.page_size) as u32)
+    }
+
+    /// The state word of page `p`. Panics if `p` is out of range.
+    pub(super) fn state(&self, p: u32) -> &AtomicU8 {
+        &self.states[p as usize]
+    }
+
+    fn offset(&self, p: u32) -> usize {
+        assert!(
+            p < self.npages,
+            "page {p} out of range: the heap has {} pages",
+            self.npages
+        );
+        p as usize * self.page_size
+    }
+
+    /// Start of page `p` in the runtime view.
+    pub(super) fn runtime_page(&self, p: u32) -> *mut u8 {
+        // `offset` < size, so this stays inside the runtime mapping.
+        self.runtime.as_ptr().wrapping_add(self.offset(p))
+    }
+
+    /// Start of the twin slot of page `p`.
+    pub(super) fn twin_page(&self, p: u32) -> *mut u8 {
+        self.twins.as_ptr().wrapping_add(self.offset(p))
+    }
+
+    /// Start of page `p` in the application view.
+    pub(super) fn app_page(&self, p: u32) -> *mut u8 {
+        self.app.as_ptr().wrapping_add(self.offset(p))
+    }
+
+    /// Copies page `p` from the runtime view into its twin slot. Async-signal-safe.
+    ///
+    /// # Safety
+    /// The caller must own page `p`'s `BUSY` state or otherwise know that nobody writes the page
+    /// (in either view) or its twin slot during the copy.
+    pub(super) unsafe fn copy_to_twin(&self, p: u32) {
+        // SAFETY: both ranges are `page_size` bytes inside live mappings of this heap (offset
+        // checked), in distinct mappings so they do not overlap; the caller excludes writers.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.runtime_page(p), self.twin_page(p), self.page_size)
+        };
+    }
+
+    /// `mprotect`s pages `first..first+count` of the application view to the protection of
+    /// stable state `st`. Async-signal-safe. Does not touch the state words.
+    pub(super) fn protect_run(&self, first: u32, count: u32, st: u8) -> io::Result<()> {
+        assert!(
+            u64::from(first) + u64::from(count) <= u64::from(self.npages),
+            "pages {first}..{} out of range: the heap has {} pages",
+            u64::from(first) + u64::from(count),
+            self.npages
+        );
+        let len = count as usize * self.page_size;
+        let start = self
+            .app
+            .as_ptr()
+            .wrapping_add(first as usize * self.page_size);
+        // SAFETY: the range is inside the application view this heap mapped and owns (checked
+        // above); changing its protection cannot invalidate Rust references because no Rust
+        // reference into the application view is ever created by this module.
+        let rc = unsafe { libc::mprotect(start.cast(), len, state::prot(st)) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+}
+
+impl Drop for Heap {
+    fn drop(&mut self) {
+        // SAFETY: the three regions were mapped by `map` with these sizes and are unmapped only
+        // here. The application view may still be in use by application code holding raw
+        // pointers; such accesses then fault outside any heap and take the default action.
+        unsafe {
+            munmap(self.app, self.size);
+            munmap(self.runtime, self.size);
+            munmap(self.twins, self.size);
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! [`HeapPages`]: the protocol core's [`PageMemory`] over the real heap, used only by the
+//! runtime's service thread.
+//!
+//! Bytes are read and written through the runtime view, twins through the twin area; the
+//! application view is only ever `mprotect`ed. Every call checks the page-sharing rule against
+//! the page's atomic state and panics with context if the caller breaks it.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::heap::{AtomicCounters, Heap};
+use super::state;
+use crate::protocol::ids::PageIdx;
+use crate::protocol::memory::{Access, PageMemory};
+
+/// [`PageMemory`] over a real [`Heap`]. Create exactly one per heap, owned by the service thread:
+/// two of them could hand out aliasing `&mut` slices of one page.
+#[derive(Debug, Clone)]
+pub struct HeapPages(pub Arc<Heap>);
+
+impl HeapPages {
+    fn check(&self, p: PageIdx) -> u32 {
+        assert!(
+            p.0 < self.0.npages(),
+            "{p} out of range: the heap has {} pages",
+            self.0.npages()
+        );
+        p.0
+    }
+}
+
+impl PageMemory for HeapPages {
+    fn page_size(&self) -> usize {
+        self.0.page_size()
+    }
+
+    fn npages(&self) -> u32 {
+        self.0.npages()
+    }
+
+    fn access(&self, p: PageIdx) -> Access {
+        let p = self.check(p);
+        state::to_access(state::load_stable(self.0.state(p)))
+    }
+
+    fn set_access(&mut self, first: PageIdx, count: u32, access: Access) {
+        let heap = &*self.0;
+        let end = u64::from(first.0) + u64::from(count);
+        assert!(
+            end <= u64::from(heap.npages()),
+            "set_access({first}, {count}, {access:?}) out of range: the heap has {} pages",
+            heap.npages()
+        );
+        if count == 0 {
+            return;
+        }
+        let new = state::from_access(access);
+        // Take every page of the run (the handler holds BUSY only briefly and never waits on us).
+        let old: Vec<u8> = (first.0..first.0 + count)
+            .map(|p| state::acquire_busy(heap.state(p)))
+            .collect();
+        AtomicCounters::bump(&heap.counters.protect_calls);
+        if let Err(err) = heap.protect_run(first.0, count, new) {
+            // Put the states back so the application thread does not spin on BUSY forever.
+            for (i, s) in old.iter().enumerate() {
+                heap.state(first.0 + i as u32).store(*s, Ordering::Release);
+            }
+            panic!(
+                "mprotect of pages {}..{} ({} bytes at {:p}) to {access:?} failed: {err} (errno {}); \
+                 ENOMEM usually means the heap is split into more differently-protected runs than \
+                 vm.max_map_count allows (raise it with `sysctl vm.max_map_count=...`)",
+                first.0,
+                end,
+                count as usize * heap.page_size(),
+                heap.app_page(first.0),
+                err.raw_os_error().unwrap_or(0),
+            );
+        }
+        for p in first.0..first.0 + count {
+            heap.state(p).store(new, Ordering::Release);
+        }
+    }
+
+    fn page(&self, p: PageIdx) -> &[u8] {
+        let i = self.check(p);
+        let s = state::load_stable(self.0.state(i));
+        assert!(
+            s != state::READ_WRITE,
+            "HeapPages::page({p}): the application view of the page is ReadWrite; revoke write \
+             access before reading it (page-sharing rule, bug in the caller)"
+        );
+        // SAFETY: the range is one page of the runtime view, live while `self.0` is. The page is
+        // not writable in the application view, so the application thread cannot store to it
+        // without faulting first; the service thread (the only `HeapPages` user) writes it only
+        // through `page_mut`, which needs `&mut self`. (A write fault on a read-only page is
+        // resolved in the handler, though: see the module docs, "hazards".)
+        unsafe { std::slice::from_raw_parts(self.0.runtime_page(i), self.0.page_size()) }
+    }
+
+    fn page_mut(&mut self, p: PageIdx) -> &mut [u8] {
+        let i = self.check(p);
+        let s = state::load_stable(self.0.state(i));
+        assert!(
+            s == state::INVALID,
+            "HeapPages::page_mut({p}): the application view of the page is {:?}; the runtime may \
+             write a page only while the application has no access (page-sharing rule, bug in the \
+             caller)",
+            state::to_access(s)
+        );
+        // SAFETY: one page of the runtime view, live while `self.0` is. The application has no
+        // access (INVALID): any access faults and blocks in the slow path until the service
+        // thread changes the state, which it cannot do while this `&mut self` borrow lives.
+        // Only one `HeapPages` exists per heap (type docs), so no other slice aliases it.
+        unsafe { std::slice::from_raw_parts_mut(self.0.runtime_page(i), self.0.page_size()) }
+    }
+
+    fn twin(&self, p: PageIdx) -> &[u8] {
+        let i = self.check(p);
+        // SAFETY: one page of the twin area, live while `self.0` is. The twin slot is written
+        // only by `make_twin` (needs `&mut self`) and by the signal handler while it owns the
+        // page's BUSY state on a read-only to read-write transition (see module docs, "hazards").
+        unsafe { std::slice::from_raw_parts(self.0.twin_page(i), self.0.page_size()) }
+    }
+
+    fn make_twin(&mut self, p: PageIdx) {
+        let i = self.check(p);
+        let heap = &*self.0;
+        // Own the page so the handler cannot twin it at the same time.
+        let s = state::acquire_busy(heap.state(i));
+        if s == state::READ_WRITE {
+            heap.state(i).store(s, Ordering::Release);
+            panic!(
+                "HeapPages::make_twin({p}): the application view of the page is ReadWrite; revoke \
+                 write access before twinning it (page-sharing rule, bug in the caller)"
+            );
+        }
+        // SAFETY: we own the page's BUSY state, so the handler does not twin it concurrently,
+        // and the page is not writable in the application view, so nobody writes it.
+        unsafe { heap.copy_to_twin(i) };
+        heap.state(i).store(s, Ordering::Release);
+    }
+}

@@ -1,0 +1,146 @@
+//! Micro-benchmark of the bare cost of an `mprotect` write fault, to compare the fast path
+//! (which also copies a twin) against.
+
+use std::io;
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::time::Instant;
+
+use super::error::MemError;
+use super::heap::system_page_size;
+use super::signals::{self, Claim, Owner};
+use super::sigsafe::ErrnoGuard;
+
+/// The probe region and the action to chain to, published while the probe runs.
+struct ProbeContext {
+    base: usize,
+    len: usize,
+    page_size: usize,
+    prev: libc::sigaction,
+}
+
+static PROBE: AtomicPtr<ProbeContext> = AtomicPtr::new(ptr::null_mut());
+static PROBE_IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+
+/// The probe's SIGSEGV handler: unprotect the faulting page if it is in the probe region,
+/// chain otherwise.
+///
+/// # Safety
+/// Only the kernel calls it, as an `SA_SIGINFO` handler, with valid `info` and `uctx`.
+unsafe extern "C" fn probe_handler(
+    sig: libc::c_int,
+    info: *mut libc::siginfo_t,
+    uctx: *mut libc::c_void,
+) {
+    let _errno = ErrnoGuard::save();
+    PROBE_IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
+    let ctx = PROBE.load(Ordering::SeqCst);
+    // SAFETY: `info` is the kernel's siginfo for a SIGSEGV.
+    let (addr, code) = unsafe { ((*info).si_addr() as usize, (*info).si_code) };
+    let mut chain_to = None;
+    if ctx.is_null() {
+        if code <= 0 {
+            // SAFETY: async-signal-safe; delivered to the restored handler after we return.
+            unsafe { libc::raise(sig) };
+        }
+    } else {
+        // SAFETY: live until `bare_fault_ns` sees PROBE null and PROBE_IN_FLIGHT zero.
+        let ctx = unsafe { &*ctx };
+        if code > 0 && addr >= ctx.base && addr - ctx.base < ctx.len {
+            let page = addr & !(ctx.page_size - 1);
+            // SAFETY: one page of the probe region, which the probe mapped and owns.
+            unsafe {
+                libc::mprotect(
+                    page as *mut libc::c_void,
+                    ctx.page_size,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                )
+            };
+        } else {
+            chain_to = Some(ctx.prev);
+        }
+    }
+    PROBE_IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+    if let Some(prev) = chain_to {
+        // SAFETY: we are the SIGSEGV handler with the kernel's arguments; `prev` was installed
+        // before us.
+        unsafe { signals::chain(&prev, sig, info, uctx) };
+    }
+}
+
+/// Mean nanoseconds per write fault whose handler only `mprotect`s the page read-write, over
+/// `pages` fresh read-only pages. Fails if a [`FaultHandler`](super::FaultHandler) is installed.
+pub fn bare_fault_ns(pages: usize) -> Result<f64, MemError> {
+    let op = "probe the bare write-fault cost";
+    if pages == 0 {
+        return Err(MemError::InvalidArgument {
+            op,
+            reason: "pages must be at least 1".into(),
+        });
+    }
+    let claim = Claim::take(Owner::Probe, op)?;
+    let page_size = system_page_size();
+    let len = pages
+        .checked_mul(page_size)
+        .ok_or_else(|| MemError::InvalidArgument {
+            op,
+            reason: format!("{pages} pages overflow the address space"),
+        })?;
+    // SAFETY: no fixed address: the kernel picks a free range we then own.
+    let base = unsafe {
+        libc::mmap(
+            ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return Err(MemError::Sys {
+            op: "map the fault probe region",
+            size: len,
+            source: io::Error::last_os_error(),
+        });
+    }
+    let base = base.cast::<u8>();
+    // Touch every page (read) so the timing sees protection faults, not first-touch faults.
+    for i in 0..pages {
+        // SAFETY: inside the readable region just mapped.
+        unsafe { ptr::read_volatile(base.add(i * page_size)) };
+    }
+    let result = (|| {
+        let prev = signals::query(libc::SIGSEGV)?;
+        let ctx = Box::into_raw(Box::new(ProbeContext {
+            base: base as usize,
+            len,
+            page_size,
+            prev,
+        }));
+        PROBE.store(ctx, Ordering::SeqCst);
+        let installed = signals::install(libc::SIGSEGV, probe_handler);
+        let elapsed = installed.as_ref().ok().map(|()| {
+            let start = Instant::now();
+            for i in 0..pages {
+                // SAFETY: inside the probe region; the write faults once and the handler makes
+                // the page writable, then the store completes.
+                unsafe { ptr::write_volatile(base.add(i * page_size), 1u8) };
+            }
+            start.elapsed()
+        });
+        signals::restore(libc::SIGSEGV, &prev);
+        PROBE.store(ptr::null_mut(), Ordering::SeqCst);
+        while PROBE_IN_FLIGHT.load(Ordering::SeqCst) != 0 {
+            std::thread::yield_now();
+        }
+        // SAFETY: unpublished, no handler uses it any more, created by `Box::into_raw` above.
+        drop(unsafe { Box::from_raw(ctx) });
+        installed?;
+        Ok(elapsed.expect("timed when installed").as_nanos() as f64 / pages as f64)
+    })();
+    // SAFETY: the region mapped above; nothing refers to it any more.
+    unsafe { libc::munmap(base.cast(), len) };
+    drop(claim);
+    result
+}

@@ -1,0 +1,165 @@
+//! Installing, restoring and chaining process-wide signal handlers, and the claim that makes
+//! sure only one user of this layer (the [`FaultHandler`](super::FaultHandler) or the
+//! [`probe`](super::probe)) owns SIGSEGV at a time.
+
+use std::io;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use super::error::MemError;
+use super::sigsafe;
+
+/// Signature of an `SA_SIGINFO` handler.
+pub(super) type SigactionFn =
+    unsafe extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void);
+
+const NOBODY: u8 = 0;
+const FAULT_HANDLER: u8 = 1;
+const PROBE: u8 = 2;
+
+/// Who owns this layer's SIGSEGV handler now.
+static OWNER: AtomicU8 = AtomicU8::new(NOBODY);
+
+/// Who may own the handler.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Owner {
+    FaultHandler,
+    Probe,
+}
+
+impl Owner {
+    fn code(self) -> u8 {
+        match self {
+            Owner::FaultHandler => FAULT_HANDLER,
+            Owner::Probe => PROBE,
+        }
+    }
+}
+
+/// Ownership of the process-wide SIGSEGV handler for this layer; released on drop.
+#[derive(Debug)]
+pub(super) struct Claim(());
+
+impl Claim {
+    /// Takes ownership, or says who has it.
+    pub(super) fn take(owner: Owner, op: &'static str) -> Result<Claim, MemError> {
+        match OWNER.compare_exchange(NOBODY, owner.code(), Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => Ok(Claim(())),
+            Err(current) => Err(MemError::HandlerBusy {
+                op,
+                owner: match current {
+                    FAULT_HANDLER => "an installed treadmarks FaultHandler",
+                    _ => "a running treadmarks fault probe",
+                },
+            }),
+        }
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        OWNER.store(NOBODY, Ordering::Release);
+    }
+}
+
+/// The name of a signal we handle, for messages.
+pub(super) fn name(sig: libc::c_int) -> &'static str {
+    match sig {
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGBUS => "SIGBUS",
+        _ => "signal",
+    }
+}
+
+/// The current action for `sig`.
+pub(super) fn query(sig: libc::c_int) -> Result<libc::sigaction, MemError> {
+    // SAFETY: `sigaction` is plain old data; all-zero is a valid (SIG_DFL) value.
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: a null new action only reads the current one into `old`, a live local.
+    let rc = unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) };
+    if rc != 0 {
+        return Err(MemError::Sigaction {
+            op: "query",
+            signal: name(sig),
+            source: io::Error::last_os_error(),
+        });
+    }
+    Ok(old)
+}
+
+/// Installs `handler` for `sig` with `SA_SIGINFO | SA_ONSTACK`, blocking nothing extra.
+pub(super) fn install(sig: libc::c_int, handler: SigactionFn) -> Result<(), MemError> {
+    // SAFETY: as in `query`.
+    let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
+    action.sa_sigaction = handler as usize;
+    action.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+    // SAFETY: `sa_mask` is a live field of a local; `sigemptyset` only writes it.
+    unsafe { libc::sigemptyset(&mut action.sa_mask) };
+    // SAFETY: `action` is fully initialized and `handler` is an `extern "C"` SA_SIGINFO function
+    // that stays valid for the life of the process (it is a static function).
+    let rc = unsafe { libc::sigaction(sig, &action, std::ptr::null_mut()) };
+    if rc != 0 {
+        return Err(MemError::Sigaction {
+            op: "install",
+            signal: name(sig),
+            source: io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
+/// Puts back an action obtained from [`query`]. Failure is impossible for a valid signal and a
+/// previously valid action; it is reported on stderr if it happens anyway.
+pub(super) fn restore(sig: libc::c_int, prev: &libc::sigaction) {
+    // SAFETY: `prev` was returned by the kernel for this signal, so it is a valid action.
+    let rc = unsafe { libc::sigaction(sig, prev, std::ptr::null_mut()) };
+    if rc != 0 {
+        sigsafe::write_stderr(&[
+            b"treadmarks: cannot restore the previous ",
+            name(sig).as_bytes(),
+            b" handler\n",
+        ]);
+    }
+}
+
+/// Passes a signal that is not ours to the handler that was installed before us.
+///
+/// A `SA_SIGINFO` handler gets the same three arguments; a plain handler gets the signal number;
+/// `SIG_DFL` and `SIG_IGN` make us reset the signal to its default action and return, so the
+/// faulting access runs again and the process dies the way it would have without us.
+///
+/// # Safety
+/// Must be called from a handler for `sig`, with the `info` and `uctx` the kernel gave it, and
+/// `prev` must be the action that was installed for `sig` before ours (it holds function pointers
+/// that get called).
+pub(super) unsafe fn chain(
+    prev: &libc::sigaction,
+    sig: libc::c_int,
+    info: *mut libc::siginfo_t,
+    uctx: *mut libc::c_void,
+) {
+    let handler = prev.sa_sigaction;
+    if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
+        // SAFETY: as in `query`.
+        let mut dfl: libc::sigaction = unsafe { std::mem::zeroed() };
+        dfl.sa_sigaction = libc::SIG_DFL;
+        // SAFETY: installing SIG_DFL is always valid; `sigaction` is async-signal-safe.
+        unsafe { libc::sigaction(sig, &dfl, std::ptr::null_mut()) };
+        // A signal sent by a process (not a fault) does not recur when we return: resend it.
+        // SAFETY: `info` is the kernel's siginfo for this delivery.
+        if unsafe { (*info).si_code } <= 0 {
+            // SAFETY: `raise` is async-signal-safe; the signal stays blocked until we return.
+            unsafe { libc::raise(sig) };
+        }
+    } else if prev.sa_flags & libc::SA_SIGINFO != 0 {
+        // SAFETY: the previous owner installed this value as an SA_SIGINFO handler, so it is a
+        // function with this signature (the caller guarantees `prev` is that action).
+        let f: SigactionFn = unsafe { std::mem::transmute::<usize, SigactionFn>(handler) };
+        // SAFETY: the same arguments the kernel gave us, as that handler expects.
+        unsafe { f(sig, info, uctx) };
+    } else {
+        // SAFETY: a non-SA_SIGINFO, non-default handler is a `void (*)(int)`.
+        let f: extern "C" fn(libc::c_int) =
+            unsafe { std::mem::transmute::<usize, extern "C" fn(libc::c_int)>(handler) };
+        f(sig);
+    }
+}

@@ -1,0 +1,83 @@
+//! Per-page protection state, kept in step with the application view's real protection.
+//!
+//! | value        | app-view protection | meaning                                               |
+//! |--------------|---------------------|-------------------------------------------------------|
+//! | `INVALID`    | `PROT_NONE`         | any access faults and is handed to the service thread |
+//! | `READ_ONLY`  | `PROT_READ`         | valid; a write faults and is twinned in the handler   |
+//! | `READ_WRITE` | `PROT_READ|WRITE`   | valid and writable; has a twin (or the job has 1 node) |
+//! | `BUSY`       | in transition       | one owner is changing protection or copying the page  |
+//!
+//! Transitions: only the owner of `BUSY` (whoever CASed a stable value to it) may store the next
+//! stable value. Owners are the signal handler (`READ_ONLY → BUSY → READ_WRITE`, never blocking
+//! while it holds `BUSY`) and `HeapPages` on the service thread (`set_access`, `make_twin`), which
+//! also never wait on the application thread while holding `BUSY`. So `BUSY` is always released
+//! in bounded time and everybody else may simply yield and retry.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use crate::protocol::memory::Access;
+
+/// `PROT_NONE`.
+pub(super) const INVALID: u8 = 0;
+/// `PROT_READ`.
+pub(super) const READ_ONLY: u8 = 1;
+/// `PROT_READ | PROT_WRITE`.
+pub(super) const READ_WRITE: u8 = 2;
+/// A transition is in progress; only its owner may finish it.
+pub(super) const BUSY: u8 = 3;
+
+/// The stable state for an [`Access`].
+pub(super) fn from_access(access: Access) -> u8 {
+    match access {
+        Access::None => INVALID,
+        Access::Read => READ_ONLY,
+        Access::ReadWrite => READ_WRITE,
+    }
+}
+
+/// The [`Access`] of a stable state. Panics on `BUSY` or garbage (a bug in this module).
+pub(super) fn to_access(state: u8) -> Access {
+    match state {
+        INVALID => Access::None,
+        READ_ONLY => Access::Read,
+        READ_WRITE => Access::ReadWrite,
+        other => panic!("page state {other} has no Access (bug in treadmarks::mem)"),
+    }
+}
+
+/// The `mprotect` flags of a stable state.
+pub(super) fn prot(state: u8) -> libc::c_int {
+    match state {
+        INVALID => libc::PROT_NONE,
+        READ_ONLY => libc::PROT_READ,
+        READ_WRITE => libc::PROT_READ | libc::PROT_WRITE,
+        other => panic!("page state {other} has no protection (bug in treadmarks::mem)"),
+    }
+}
+
+/// Waits (yielding) until `state` is stable, then CASes it to `BUSY`. Returns the stable value
+/// it replaced, which the caller must eventually store back or replace. Not for signal handlers.
+pub(super) fn acquire_busy(state: &AtomicU8) -> u8 {
+    loop {
+        let s = state.load(Ordering::Acquire);
+        if s != BUSY
+            && state
+                .compare_exchange_weak(s, BUSY, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+        {
+            return s;
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// Waits (yielding) until `state` is stable and returns it. Not for signal handlers.
+pub(super) fn load_stable(state: &AtomicU8) -> u8 {
+    loop {
+        let s = state.load(Ordering::Acquire);
+        if s != BUSY {
+            return s;
+        }
+        std::thread::yield_now();
+    }
+}

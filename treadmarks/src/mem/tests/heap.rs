@@ -1,0 +1,186 @@
+//! In-process tests: mapping, `HeapPages` checks, the probe. None of them faults on the heap.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use super::{layout, test_base};
+use crate::mem::{Heap, HeapLayout, HeapPages, MemError, probe};
+use crate::protocol::ids::PageIdx;
+use crate::protocol::memory::{Access, PageMemory};
+
+#[test]
+fn maps_at_fixed_base_and_refuses_overlap() {
+    let l = layout(1, 64);
+    let heap = Heap::map(l).expect("map the first heap");
+    assert_eq!(heap.app_base() as usize, l.base);
+    assert_eq!(heap.size(), l.size);
+    assert_eq!(heap.page_size(), 4096);
+    assert_eq!(heap.npages(), 64);
+    // Every page starts valid and zero (read-only, so reading does not fault).
+    // SAFETY: inside the application view, readable (protect = true gives PROT_READ).
+    let byte = unsafe { std::ptr::read_volatile(heap.app_base().add(l.size - 1)) };
+    assert_eq!(byte, 0);
+    let pages = HeapPages(heap.clone());
+    assert_eq!(pages.access(PageIdx(63)), Access::Read);
+    assert!(pages.page(PageIdx(63)).iter().all(|&b| b == 0));
+
+    let err = Heap::map(l).expect_err("a second heap over the same range must fail");
+    assert!(matches!(err, MemError::AddressInUse { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&format!("{:#x}", l.base)),
+        "message should name the address: {msg}"
+    );
+    assert!(msg.contains("TMK_HEAP_BASE"), "{msg}");
+
+    // Partial overlap fails too.
+    let shifted = HeapLayout {
+        base: l.base + 32 * 4096,
+        ..l
+    };
+    assert!(matches!(
+        Heap::map(shifted),
+        Err(MemError::AddressInUse { .. })
+    ));
+
+    drop(pages);
+    drop(heap);
+    Heap::map(l).expect("the range is free again after drop");
+}
+
+#[test]
+fn rejects_bad_layouts() {
+    let base = test_base(2);
+    for (l, what) in [
+        (
+            HeapLayout {
+                base: base + 1,
+                size: 4096,
+                protect: true,
+            },
+            "misaligned base",
+        ),
+        (
+            HeapLayout {
+                base,
+                size: 100,
+                protect: true,
+            },
+            "size not a page multiple",
+        ),
+        (
+            HeapLayout {
+                base,
+                size: 0,
+                protect: true,
+            },
+            "zero size",
+        ),
+        (
+            HeapLayout {
+                base: 0,
+                size: 4096,
+                protect: true,
+            },
+            "null base",
+        ),
+    ] {
+        let err = Heap::map(l).expect_err(what);
+        assert!(
+            matches!(err, MemError::InvalidLayout { .. }),
+            "{what}: {err:?}"
+        );
+        assert!(
+            err.to_string().contains(&format!("{:#x}", l.base)),
+            "{what}: {err}"
+        );
+    }
+}
+
+#[test]
+fn unprotected_heap_is_writable_without_a_handler() {
+    let l = HeapLayout {
+        protect: false,
+        ..layout(3, 4)
+    };
+    let heap = Heap::map(l).unwrap();
+    let p = heap.app_base();
+    // SAFETY: inside the application view, mapped read-write because protect = false.
+    unsafe { std::ptr::write_volatile(p.add(4096 + 7), 42u8) };
+    let mut pages = HeapPages(heap.clone());
+    assert_eq!(pages.access(PageIdx(1)), Access::ReadWrite);
+    pages.set_access(PageIdx(1), 1, Access::Read);
+    assert_eq!(
+        pages.page(PageIdx(1))[7],
+        42,
+        "the runtime view sees the application's store"
+    );
+    assert_eq!(heap.counters().fast_write_faults, 0);
+}
+
+fn panic_message(r: Result<(), Box<dyn std::any::Any + Send>>) -> String {
+    let payload = r.expect_err("should have panicked");
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
+}
+
+#[test]
+fn heap_pages_enforce_the_page_sharing_rule() {
+    let heap = Heap::map(layout(4, 8)).unwrap();
+    let mut pages = HeapPages(heap.clone());
+
+    pages.set_access(PageIdx(0), 2, Access::ReadWrite);
+    assert_eq!(pages.access(PageIdx(0)), Access::ReadWrite);
+    let msg = panic_message(catch_unwind(AssertUnwindSafe(|| {
+        pages.page(PageIdx(0));
+    })));
+    assert!(msg.contains("page 0") && msg.contains("ReadWrite"), "{msg}");
+    let msg = panic_message(catch_unwind(AssertUnwindSafe(|| {
+        pages.make_twin(PageIdx(1))
+    })));
+    assert!(msg.contains("make_twin(page 1)"), "{msg}");
+    assert_eq!(
+        pages.access(PageIdx(1)),
+        Access::ReadWrite,
+        "a refused make_twin leaves the state alone"
+    );
+
+    assert_eq!(pages.access(PageIdx(2)), Access::Read);
+    let msg = panic_message(catch_unwind(AssertUnwindSafe(|| {
+        pages.page_mut(PageIdx(2));
+    })));
+    assert!(
+        msg.contains("page_mut(page 2)") && msg.contains("Read"),
+        "{msg}"
+    );
+    let msg = panic_message(catch_unwind(AssertUnwindSafe(|| {
+        pages.set_access(PageIdx(7), 2, Access::None)
+    })));
+    assert!(msg.contains("out of range"), "{msg}");
+
+    // Allowed uses: write an invalid page, twin it, read it back.
+    pages.set_access(PageIdx(3), 1, Access::None);
+    pages.page_mut(PageIdx(3)).fill(0x5a);
+    pages.make_twin(PageIdx(3));
+    assert_eq!(
+        pages.access(PageIdx(3)),
+        Access::None,
+        "make_twin keeps the state"
+    );
+    assert!(pages.twin(PageIdx(3)).iter().all(|&b| b == 0x5a));
+    pages.set_access(PageIdx(3), 1, Access::Read);
+    assert!(pages.page(PageIdx(3)).iter().all(|&b| b == 0x5a));
+    // SAFETY: page 3 of the application view is readable now.
+    let byte = unsafe { std::ptr::read_volatile(heap.app_base().add(3 * 4096 + 100)) };
+    assert_eq!(byte, 0x5a, "the application view shows the runtime's write");
+    assert_eq!(heap.counters().protect_calls, 3);
+}
+
+#[test]
+fn probe_measures_a_positive_fault_cost() {
+    let ns = probe::bare_fault_ns(256).expect("probe");
+    assert!(ns > 0.0 && ns.is_finite(), "{ns}");
+    assert!(probe::bare_fault_ns(0).is_err());
+}

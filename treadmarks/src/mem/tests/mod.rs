@@ -1,0 +1,137 @@
+//! Tests of the memory layer on real mappings and real faults.
+//!
+//! The fault handler is process-global, so every test that installs it (or crashes) runs in a
+//! child process: the parent test re-runs this test binary with `--exact <its own name>` and an
+//! environment variable naming the child role; the child does the work and exits; the parent
+//! checks the exit status and output (pattern of wasmtime's `tests/host_segfault.rs`). Children
+//! are waited for with a deadline and killed if they hang.
+//!
+//! Tests that stay in the test process use heap bases of their own so they can run in parallel.
+
+mod faults;
+mod heap;
+
+use std::io::Read;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use super::HeapLayout;
+
+/// Environment variable that selects the child role (the full test name).
+const CHILD_VAR: &str = "TMK_MEM_TEST_CHILD";
+/// How long a child may run before it is killed and the test fails.
+const CHILD_DEADLINE: Duration = Duration::from_secs(60);
+
+/// A distinct, page-aligned base per test (`slot` < 256), far from the usual mmap and brk areas.
+pub(super) fn test_base(slot: usize) -> usize {
+    0x6100_0000_0000 + slot * 0x1_0000_0000
+}
+
+/// A protected heap layout of `npages` pages at `test_base(slot)`.
+pub(super) fn layout(slot: usize, npages: usize) -> HeapLayout {
+    HeapLayout {
+        base: test_base(slot),
+        size: npages * super::heap::system_page_size(),
+        protect: true,
+    }
+}
+
+/// What a child did.
+pub(super) struct ChildOutput {
+    pub(super) status: ExitStatus,
+    pub(super) stdout: String,
+    pub(super) stderr: String,
+}
+
+impl ChildOutput {
+    pub(super) fn assert_success(&self) {
+        assert!(
+            self.status.success(),
+            "child failed with {:?}\n--- stdout\n{}\n--- stderr\n{}",
+            self.status,
+            self.stdout,
+            self.stderr
+        );
+    }
+
+    pub(super) fn assert_killed_by(&self, signal: libc::c_int) {
+        assert_eq!(
+            self.status.signal(),
+            Some(signal),
+            "child should die by signal {signal}, got {:?}\n--- stdout\n{}\n--- stderr\n{}",
+            self.status,
+            self.stdout,
+            self.stderr
+        );
+    }
+}
+
+/// If this process is the child for `test` (a `module_path!()`-based name), runs `body` and exits
+/// 0; a panic in `body` fails the child. Otherwise spawns that child and returns its output.
+pub(super) fn run_in_child(test: &str, body: impl FnOnce()) -> ChildOutput {
+    let test = test.strip_prefix("treadmarks::").unwrap_or(test);
+    if std::env::var(CHILD_VAR).as_deref() == Ok(test) {
+        body();
+        std::process::exit(0);
+    }
+    let exe = std::env::current_exe().expect("path of the test binary");
+    let mut child = Command::new(exe)
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(CHILD_VAR, test)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the child test process");
+    let mut out = child.stdout.take().expect("piped stdout");
+    let mut err = child.stderr.take().expect("piped stderr");
+    let out_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + CHILD_DEADLINE;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for the child") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let status = child.wait().expect("reap the killed child");
+            let stderr = err_reader.join().unwrap_or_default();
+            panic!(
+                "child {test} hung for {CHILD_DEADLINE:?} and was killed ({status:?})\n--- stderr\n{stderr}"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    ChildOutput {
+        status,
+        stdout: out_reader.join().unwrap_or_default(),
+        stderr: err_reader.join().unwrap_or_default(),
+    }
+}
+
+/// Name of a test function in the calling module, as libtest spells it.
+macro_rules! test_name {
+    ($f:ident) => {
+        concat!(module_path!(), "::", stringify!($f))
+    };
+}
+pub(super) use test_name;
+
+/// Disables core dumps in a child that is about to crash on purpose.
+pub(super) fn no_core_dumps() {
+    let zero = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: passes a valid, live rlimit struct.
+    unsafe { libc::setrlimit(libc::RLIMIT_CORE, &zero) };
+}
