@@ -1,5 +1,10 @@
 //! treadmarks: TreadMarks-style lazy release consistency distributed shared memory.
 //!
+//! N processes (nodes), on one host or several, share one heap mapped at the same address on
+//! every node. A node sees another's writes after a chain of synchronization orders them (a lock
+//! acquire after the writer's release, or a barrier), so data-race-free programs see sequentially
+//! consistent memory. Start with [`Tmk`].
+//!
 //! Layers (each in its own module; only `mem` may use `unsafe`):
 //! - [`protocol`]: the pure LRC state machine (intervals, vector timestamps, write notices,
 //!   twins and lazy diffs, locks, barriers). No I/O.
@@ -7,6 +12,17 @@
 //! - [`transport`]: TCP mesh, framing and the wire codec.
 //! - `runtime`: the only place those three meet.
 
+pub mod config;
+pub mod error;
 pub mod mem;
 pub mod protocol;
+mod runtime;
+pub mod stats;
+mod tmk;
 pub mod transport;
+
+pub use config::Config;
+pub use error::{Error, Result};
+pub use mem::{Shared, View, ViewMut};
+pub use stats::Stats;
+pub use tmk::{LockGuard, Tmk};

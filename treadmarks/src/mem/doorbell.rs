@@ -75,10 +75,7 @@ fn eventfd(which: &'static str, flags: libc::c_int) -> Result<OwnedFd, MemError>
     // SAFETY: plain syscall, no pointers.
     let fd = unsafe { libc::eventfd(0, flags | libc::EFD_CLOEXEC) };
     if fd < 0 {
-        return Err(MemError::Eventfd {
-            which,
-            source: io::Error::last_os_error(),
-        });
+        return Err(MemError::Eventfd { which, source: io::Error::last_os_error() });
     }
     // SAFETY: `fd` was just returned by `eventfd` and is owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
@@ -189,10 +186,7 @@ mod tests {
             std::thread::spawn(move || {
                 let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
                 loop {
-                    assert!(
-                        std::time::Instant::now() < deadline,
-                        "no fault posted within 20 s"
-                    );
+                    assert!(std::time::Instant::now() < deadline, "no fault posted within 20 s");
                     bell.clear_service();
                     if let Some(f) = bell.take_fault() {
                         bell.wake_app();

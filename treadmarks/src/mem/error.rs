@@ -93,12 +93,8 @@ pub(crate) struct Bytes(pub usize);
 
 impl fmt::Display for Bytes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const UNITS: [(usize, &str); 4] = [
-            (1 << 40, "TiB"),
-            (1 << 30, "GiB"),
-            (1 << 20, "MiB"),
-            (1 << 10, "KiB"),
-        ];
+        const UNITS: [(usize, &str); 4] =
+            [(1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
         for (unit, name) in UNITS {
             if self.0 >= unit && self.0 & (unit - 1) == 0 {
                 return write!(f, "{} {name}", self.0 / unit);
@@ -122,10 +118,7 @@ mod tests {
 
     #[test]
     fn address_in_use_message() {
-        let e = MemError::AddressInUse {
-            base: 0x6000_0000_0000,
-            size: 1 << 30,
-        };
+        let e = MemError::AddressInUse { base: 0x6000_0000_0000, size: 1 << 30 };
         assert_eq!(
             e.to_string(),
             "cannot map 1 GiB shared heap at 0x600000000000: address in use (set TMK_HEAP_BASE)"

@@ -66,11 +66,7 @@ impl FaultHandler {
             prev_bus,
         }));
         CONTEXT.store(ctx, Ordering::SeqCst);
-        let guard = FaultHandler {
-            ctx,
-            _claim: claim,
-            _not_send: PhantomData,
-        };
+        let guard = FaultHandler { ctx, _claim: claim, _not_send: PhantomData };
         // On error, dropping `guard` restores both saved actions and frees the context.
         signals::install(libc::SIGSEGV, handle_signal)?;
         signals::install(libc::SIGBUS, handle_signal)?;
@@ -108,11 +104,7 @@ enum Outcome {
 ///
 /// # Safety
 /// Only the kernel calls it, as an `SA_SIGINFO` handler, with valid `info` and `uctx`.
-unsafe extern "C" fn handle_signal(
-    sig: libc::c_int,
-    info: *mut libc::siginfo_t,
-    uctx: *mut libc::c_void,
-) {
+unsafe extern "C" fn handle_signal(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
     let _errno = ErrnoGuard::save();
     IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
     let ctx = CONTEXT.load(Ordering::SeqCst);
@@ -156,11 +148,7 @@ unsafe fn handle_in_context(
     let page = match heap.page_of(addr) {
         Some(p) if code > 0 => p,
         _ => {
-            return Outcome::Chain(if sig == libc::SIGBUS {
-                ctx.prev_bus
-            } else {
-                ctx.prev_segv
-            });
+            return Outcome::Chain(if sig == libc::SIGBUS { ctx.prev_bus } else { ctx.prev_segv });
         }
     };
     if sigsafe::gettid() != ctx.app_tid {
@@ -190,12 +178,7 @@ unsafe fn handle_in_context(
             }
             state::READ_ONLY => {
                 if st
-                    .compare_exchange(
-                        state::READ_ONLY,
-                        state::BUSY,
-                        Ordering::Acquire,
-                        Ordering::Relaxed,
-                    )
+                    .compare_exchange(state::READ_ONLY, state::BUSY, Ordering::Acquire, Ordering::Relaxed)
                     .is_err()
                 {
                     continue;
@@ -259,11 +242,7 @@ unsafe fn fault_kind(uctx: *mut libc::c_void) -> FaultKind {
     let uc = uctx.cast::<libc::ucontext_t>();
     // SAFETY: the caller passes the kernel's ucontext; REG_ERR is inside `gregs`.
     let err = unsafe { (*uc).uc_mcontext.gregs[libc::REG_ERR as usize] };
-    if err & 2 != 0 {
-        FaultKind::Write
-    } else {
-        FaultKind::Read
-    }
+    if err & 2 != 0 { FaultKind::Write } else { FaultKind::Read }
 }
 
 /// Other architectures do not decode the fault yet.

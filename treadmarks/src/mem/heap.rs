@@ -142,18 +142,9 @@ impl Heap {
     /// Maps the shared heap: the application view at exactly `layout.base`, a runtime view and a
     /// twin area. Every page starts zeroed and valid (`Read` if `protect`, else `ReadWrite`).
     pub fn map(layout: HeapLayout) -> Result<Arc<Heap>, MemError> {
-        let HeapLayout {
-            base,
-            size,
-            protect,
-        } = layout;
+        let HeapLayout { base, size, protect } = layout;
         let page_size = system_page_size();
-        let invalid = |reason| MemError::InvalidLayout {
-            base,
-            size,
-            page_size,
-            reason,
-        };
+        let invalid = |reason| MemError::InvalidLayout { base, size, page_size, reason };
         if base == 0 || base % page_size != 0 {
             return Err(invalid("base must be a non-zero multiple of the page size"));
         }
@@ -163,8 +154,7 @@ impl Heap {
         if base.checked_add(size).is_none() {
             return Err(invalid("base + size overflows the address space"));
         }
-        let npages =
-            u32::try_from(size / page_size).map_err(|_| invalid("more than 2^32 - 1 pages"))?;
+        let npages = u32::try_from(size / page_size).map_err(|_| invalid("more than 2^32 - 1 pages"))?;
 
         const NAME: &CStr = c"treadmarks-heap";
         // SAFETY: `NAME` is a NUL-terminated string that outlives the call.
@@ -188,28 +178,14 @@ impl Heap {
             });
         }
 
-        let app_prot = if protect {
-            libc::PROT_READ
-        } else {
-            libc::PROT_READ | libc::PROT_WRITE
-        };
+        let app_prot = if protect { libc::PROT_READ } else { libc::PROT_READ | libc::PROT_WRITE };
         // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping; it fails with EEXIST.
         let app = unsafe {
-            mmap(
-                base,
-                size,
-                app_prot,
-                libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE,
-                memfd.as_raw_fd(),
-            )
+            mmap(base, size, app_prot, libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE, memfd.as_raw_fd())
         }
         .map_err(|source| match source.raw_os_error() {
             Some(libc::EEXIST) => MemError::AddressInUse { base, size },
-            _ => MemError::Sys {
-                op: "map the application view of the shared heap",
-                size,
-                source,
-            },
+            _ => MemError::Sys { op: "map the application view of the shared heap", size, source },
         })?;
         let app = Unmap(Some((app, size)));
         let got = app.0.expect("just mapped").0.as_ptr() as usize;
@@ -218,20 +194,13 @@ impl Heap {
             return Err(MemError::PlacedElsewhere { base, size, got });
         }
         // SAFETY: no fixed address: the kernel picks a free range.
-        let runtime = unsafe {
-            mmap(
-                0,
-                size,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                memfd.as_raw_fd(),
-            )
-        }
-        .map_err(|source| MemError::Sys {
-            op: "map the runtime view of the shared heap",
-            size,
-            source,
-        })?;
+        let runtime =
+            unsafe { mmap(0, size, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, memfd.as_raw_fd()) }
+                .map_err(|source| MemError::Sys {
+                    op: "map the runtime view of the shared heap",
+                    size,
+                    source,
+                })?;
         let runtime = Unmap(Some((runtime, size)));
         // SAFETY: no fixed address; anonymous memory, committed page by page on first touch.
         let twins = unsafe {
@@ -243,17 +212,9 @@ impl Heap {
                 -1,
             )
         }
-        .map_err(|source| MemError::Sys {
-            op: "reserve the twin area",
-            size,
-            source,
-        })?;
+        .map_err(|source| MemError::Sys { op: "reserve the twin area", size, source })?;
 
-        let initial = if protect {
-            state::READ_ONLY
-        } else {
-            state::READ_WRITE
-        };
+        let initial = if protect { state::READ_ONLY } else { state::READ_WRITE };
         Ok(Arc::new(Heap {
             app: app.keep(),
             runtime: runtime.keep(),
@@ -318,11 +279,7 @@ impl Heap {
     }
 
     fn offset(&self, p: u32) -> usize {
-        assert!(
-            p < self.npages,
-            "page {p} out of range: the heap has {} pages",
-            self.npages
-        );
+        assert!(p < self.npages, "page {p} out of range: the heap has {} pages", self.npages);
         p as usize * self.page_size
     }
 
@@ -350,9 +307,7 @@ impl Heap {
     pub(super) unsafe fn copy_to_twin(&self, p: u32) {
         // SAFETY: both ranges are `page_size` bytes inside live mappings of this heap (offset
         // checked), in distinct mappings so they do not overlap; the caller excludes writers.
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.runtime_page(p), self.twin_page(p), self.page_size)
-        };
+        unsafe { std::ptr::copy_nonoverlapping(self.runtime_page(p), self.twin_page(p), self.page_size) };
     }
 
     /// `mprotect`s pages `first..first+count` of the application view to the protection of
@@ -365,19 +320,12 @@ impl Heap {
             self.npages
         );
         let len = count as usize * self.page_size;
-        let start = self
-            .app
-            .as_ptr()
-            .wrapping_add(first as usize * self.page_size);
+        let start = self.app.as_ptr().wrapping_add(first as usize * self.page_size);
         // SAFETY: the range is inside the application view this heap mapped and owns (checked
         // above); changing its protection cannot invalidate Rust references because no Rust
         // reference into the application view is ever created by this module.
         let rc = unsafe { libc::mprotect(start.cast(), len, state::prot(st)) };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
+        if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
     }
 }
 

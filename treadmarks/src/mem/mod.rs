@@ -90,9 +90,11 @@ mod heap;
 mod pages;
 pub mod probe;
 mod ring;
+mod service_fd;
 mod signals;
 mod sigsafe;
 mod state;
+mod view;
 
 #[cfg(test)]
 mod tests;
@@ -102,3 +104,5 @@ pub use error::MemError;
 pub use fault::FaultHandler;
 pub use heap::{FaultCounters, Heap, HeapLayout};
 pub use pages::HeapPages;
+pub use service_fd::{ServiceFd, register_service_fd};
+pub use view::{BorrowTracker, Shared, View, ViewError, ViewMut};

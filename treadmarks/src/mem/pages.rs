@@ -20,11 +20,7 @@ pub struct HeapPages(pub Arc<Heap>);
 
 impl HeapPages {
     fn check(&self, p: PageIdx) -> u32 {
-        assert!(
-            p.0 < self.0.npages(),
-            "{p} out of range: the heap has {} pages",
-            self.0.npages()
-        );
+        assert!(p.0 < self.0.npages(), "{p} out of range: the heap has {} pages", self.0.npages());
         p.0
     }
 }
@@ -56,9 +52,7 @@ impl PageMemory for HeapPages {
         }
         let new = state::from_access(access);
         // Take every page of the run (the handler holds BUSY only briefly and never waits on us).
-        let old: Vec<u8> = (first.0..first.0 + count)
-            .map(|p| state::acquire_busy(heap.state(p)))
-            .collect();
+        let old: Vec<u8> = (first.0..first.0 + count).map(|p| state::acquire_busy(heap.state(p))).collect();
         AtomicCounters::bump(&heap.counters.protect_calls);
         if let Err(err) = heap.protect_run(first.0, count, new) {
             // Put the states back so the application thread does not spin on BUSY forever.

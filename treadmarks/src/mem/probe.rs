@@ -27,11 +27,7 @@ static PROBE_IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
 ///
 /// # Safety
 /// Only the kernel calls it, as an `SA_SIGINFO` handler, with valid `info` and `uctx`.
-unsafe extern "C" fn probe_handler(
-    sig: libc::c_int,
-    info: *mut libc::siginfo_t,
-    uctx: *mut libc::c_void,
-) {
+unsafe extern "C" fn probe_handler(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
     let _errno = ErrnoGuard::save();
     PROBE_IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
     let ctx = PROBE.load(Ordering::SeqCst);
@@ -50,11 +46,7 @@ unsafe extern "C" fn probe_handler(
             let page = addr & !(ctx.page_size - 1);
             // SAFETY: one page of the probe region, which the probe mapped and owns.
             unsafe {
-                libc::mprotect(
-                    page as *mut libc::c_void,
-                    ctx.page_size,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                )
+                libc::mprotect(page as *mut libc::c_void, ctx.page_size, libc::PROT_READ | libc::PROT_WRITE)
             };
         } else {
             chain_to = Some(ctx.prev);
@@ -73,19 +65,14 @@ unsafe extern "C" fn probe_handler(
 pub fn bare_fault_ns(pages: usize) -> Result<f64, MemError> {
     let op = "probe the bare write-fault cost";
     if pages == 0 {
-        return Err(MemError::InvalidArgument {
-            op,
-            reason: "pages must be at least 1".into(),
-        });
+        return Err(MemError::InvalidArgument { op, reason: "pages must be at least 1".into() });
     }
     let claim = Claim::take(Owner::Probe, op)?;
     let page_size = system_page_size();
-    let len = pages
-        .checked_mul(page_size)
-        .ok_or_else(|| MemError::InvalidArgument {
-            op,
-            reason: format!("{pages} pages overflow the address space"),
-        })?;
+    let len = pages.checked_mul(page_size).ok_or_else(|| MemError::InvalidArgument {
+        op,
+        reason: format!("{pages} pages overflow the address space"),
+    })?;
     // SAFETY: no fixed address: the kernel picks a free range we then own.
     let base = unsafe {
         libc::mmap(
@@ -112,12 +99,7 @@ pub fn bare_fault_ns(pages: usize) -> Result<f64, MemError> {
     }
     let result = (|| {
         let prev = signals::query(libc::SIGSEGV)?;
-        let ctx = Box::into_raw(Box::new(ProbeContext {
-            base: base as usize,
-            len,
-            page_size,
-            prev,
-        }));
+        let ctx = Box::into_raw(Box::new(ProbeContext { base: base as usize, len, page_size, prev }));
         PROBE.store(ctx, Ordering::SeqCst);
         let installed = signals::install(libc::SIGSEGV, probe_handler);
         let elapsed = installed.as_ref().ok().map(|()| {

@@ -9,8 +9,7 @@ use super::error::MemError;
 use super::sigsafe;
 
 /// Signature of an `SA_SIGINFO` handler.
-pub(super) type SigactionFn =
-    unsafe extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void);
+pub(super) type SigactionFn = unsafe extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void);
 
 const NOBODY: u8 = 0;
 const FAULT_HANDLER: u8 = 1;

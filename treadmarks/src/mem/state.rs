@@ -60,11 +60,7 @@ pub(super) fn prot(state: u8) -> libc::c_int {
 pub(super) fn acquire_busy(state: &AtomicU8) -> u8 {
     loop {
         let s = state.load(Ordering::Acquire);
-        if s != BUSY
-            && state
-                .compare_exchange_weak(s, BUSY, Ordering::Acquire, Ordering::Relaxed)
-                .is_ok()
-        {
+        if s != BUSY && state.compare_exchange_weak(s, BUSY, Ordering::Acquire, Ordering::Relaxed).is_ok() {
             return s;
         }
         std::thread::yield_now();

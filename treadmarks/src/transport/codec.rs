@@ -54,10 +54,7 @@ pub fn decode_header(header: [u8; HEADER_LEN], from: Option<NodeId>) -> Result<F
     }
     match usize::try_from(len) {
         Ok(len) if len <= MAX_FRAME => Ok(FrameLen::Payload(len)),
-        _ => Err(TransportError::FrameTooLarge {
-            len: len.into(),
-            from,
-        }),
+        _ => Err(TransportError::FrameTooLarge { len: len.into(), from }),
     }
 }
 
@@ -66,19 +63,14 @@ pub fn decode_header(header: [u8; HEADER_LEN], from: Option<NodeId>) -> Result<F
 pub fn encode_frame<T: Serialize + ?Sized>(msg: &T, out: &mut Vec<u8>) -> Result<usize> {
     let start = out.len();
     out.extend_from_slice(&GOODBYE_FRAME);
-    let flavor = AppendVec {
-        out,
-        limit: start + HEADER_LEN + MAX_FRAME,
-    };
+    let flavor = AppendVec { out, limit: start + HEADER_LEN + MAX_FRAME };
     match postcard::serialize_with_flavor(msg, flavor) {
         Ok(()) => {}
         Err(err) => {
             let produced = out.len() - start - HEADER_LEN;
             out.truncate(start);
             return Err(match err {
-                postcard::Error::SerializeBufferFull => {
-                    TransportError::MessageTooLarge { len: produced }
-                }
+                postcard::Error::SerializeBufferFull => TransportError::MessageTooLarge { len: produced },
                 source => TransportError::Encode { source },
             });
         }
@@ -104,13 +96,10 @@ pub fn frame<T: Serialize + ?Sized>(msg: &T) -> Result<Vec<u8>> {
 /// must be consumed.
 pub fn decode_payload<T: DeserializeOwned>(payload: &[u8]) -> Result<T> {
     let len = payload.len();
-    let (msg, rest) = postcard::take_from_bytes(payload)
-        .map_err(|source| TransportError::Decode { len, source })?;
+    let (msg, rest) =
+        postcard::take_from_bytes(payload).map_err(|source| TransportError::Decode { len, source })?;
     if !rest.is_empty() {
-        return Err(TransportError::TrailingBytes {
-            len,
-            extra: rest.len(),
-        });
+        return Err(TransportError::TrailingBytes { len, extra: rest.len() });
     }
     Ok(msg)
 }
@@ -174,10 +163,7 @@ impl FrameReader {
 
     /// A reader for a stream from `from` (used only to label errors).
     pub fn from_node(from: NodeId) -> Self {
-        Self {
-            from: Some(from),
-            ..Self::default()
-        }
+        Self { from: Some(from), ..Self::default() }
     }
 
     /// Appends bytes received from the stream.
@@ -233,11 +219,7 @@ impl FrameReader {
             },
             None => HEADER_LEN,
         };
-        Err(TransportError::TruncatedFrame {
-            have: rest.len(),
-            want,
-            from: self.from,
-        })
+        Err(TransportError::TruncatedFrame { have: rest.len(), want, from: self.from })
     }
 }
 
@@ -261,11 +243,7 @@ mod tests {
         Sample {
             node: NodeId(3),
             tag: seed.wrapping_mul(0x9e37_79b9_7f4a_7c15),
-            page: ByteBuf::from(
-                (0..4096u32)
-                    .map(|i| (i as u64 ^ seed) as u8)
-                    .collect::<Vec<_>>(),
-            ),
+            page: ByteBuf::from((0..4096u32).map(|i| (i as u64 ^ seed) as u8).collect::<Vec<_>>()),
             notices: (0..17).map(|i| (i, i * 1000 + seed as u32)).collect(),
             name: "lock 7".to_owned(),
             maybe: Some(vec![1, 2, 65535]),
@@ -297,10 +275,7 @@ mod tests {
         let n = encode_frame(&msg, &mut out).unwrap();
         assert_eq!(n, out.len() - 1);
         let header: [u8; 4] = out[1..5].try_into().unwrap();
-        assert_eq!(
-            decode_header(header, None).unwrap(),
-            FrameLen::Payload(n - HEADER_LEN)
-        );
+        assert_eq!(decode_header(header, None).unwrap(), FrameLen::Payload(n - HEADER_LEN));
         let back: Sample = decode_payload(&out[5..]).unwrap();
         assert_eq!(back, msg);
     }
@@ -345,10 +320,7 @@ mod tests {
         let payload = &out[HEADER_LEN..];
         for cut in [0, 1, 5, payload.len() / 2, payload.len() - 1] {
             let err = decode_payload::<Sample>(&payload[..cut]).unwrap_err();
-            assert!(
-                matches!(err, TransportError::Decode { len, .. } if len == cut),
-                "cut at {cut}: {err}"
-            );
+            assert!(matches!(err, TransportError::Decode { len, .. } if len == cut), "cut at {cut}: {err}");
             assert!(err.to_string().contains(&format!("{cut} bytes")), "{err}");
         }
         // A stream cut inside a frame.
@@ -356,10 +328,7 @@ mod tests {
         reader.push(&out[..out.len() - 3]);
         assert_eq!(reader.next_frame().unwrap(), None);
         let err = reader.finish().unwrap_err();
-        assert!(
-            matches!(err, TransportError::TruncatedFrame { .. }),
-            "{err}"
-        );
+        assert!(matches!(err, TransportError::TruncatedFrame { .. }), "{err}");
         assert!(err.to_string().contains("node 2"), "{err}");
     }
 
@@ -369,10 +338,7 @@ mod tests {
         encode_frame(&7u32, &mut out).unwrap();
         out.push(0);
         let err = decode_payload::<u32>(&out[HEADER_LEN..]).unwrap_err();
-        assert!(
-            matches!(err, TransportError::TrailingBytes { extra: 1, .. }),
-            "{err}"
-        );
+        assert!(matches!(err, TransportError::TrailingBytes { extra: 1, .. }), "{err}");
     }
 
     #[test]
@@ -413,10 +379,7 @@ mod tests {
                 Err(_) => err += 1,
             }
         }
-        assert!(
-            err > 0,
-            "mutations should break some payloads ({ok} decoded)"
-        );
+        assert!(err > 0, "mutations should break some payloads ({ok} decoded)");
     }
 
     #[test]
@@ -429,10 +392,7 @@ mod tests {
         );
         assert_eq!(
             err.to_string(),
-            format!(
-                "frame of {} bytes from node 1 exceeds the 64 MiB limit",
-                MAX_FRAME + 1
-            )
+            format!("frame of {} bytes from node 1 exceeds the 64 MiB limit", MAX_FRAME + 1)
         );
         assert_eq!(
             decode_header(u32::try_from(MAX_FRAME).unwrap().to_le_bytes(), None).unwrap(),
@@ -442,10 +402,7 @@ mod tests {
         let mut reader = FrameReader::new();
         reader.push(&[0xff; 4]);
         reader.push(&[1, 2, 3]);
-        assert!(matches!(
-            reader.next_frame(),
-            Err(TransportError::FrameTooLarge { .. })
-        ));
+        assert!(matches!(reader.next_frame(), Err(TransportError::FrameTooLarge { .. })));
     }
 
     #[test]
@@ -453,10 +410,7 @@ mod tests {
         let mut out = vec![1, 2, 3];
         let big = ByteBuf::from(vec![0u8; MAX_FRAME]); // + its length prefix: one byte too many
         let err = encode_frame(&big, &mut out).unwrap_err();
-        assert!(
-            matches!(err, TransportError::MessageTooLarge { .. }),
-            "{err}"
-        );
+        assert!(matches!(err, TransportError::MessageTooLarge { .. }), "{err}");
         assert_eq!(out, [1, 2, 3]);
 
         let err = encode_frame(&(), &mut out).unwrap_err();

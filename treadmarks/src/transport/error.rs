@@ -95,9 +95,7 @@ pub enum TransportError {
     },
 
     /// This node's own configuration is impossible.
-    #[error(
-        "started as rank {rank} of {nprocs} nodes: rank must be below nprocs and nprocs at least 1"
-    )]
+    #[error("started as rank {rank} of {nprocs} nodes: rank must be below nprocs and nprocs at least 1")]
     BadConfig {
         /// Our rank.
         rank: NodeId,

@@ -174,11 +174,7 @@ impl Links {
     ///
     /// Outside a tokio runtime.
     pub fn start(mesh: Mesh, events: UnboundedSender<LinkEvent>) -> Result<Links> {
-        let Mesh {
-            rank,
-            nprocs,
-            peers,
-        } = mesh;
+        let Mesh { rank, nprocs, peers } = mesh;
         let counters: Arc<[Counters]> = (0..nprocs).map(|_| Counters::default()).collect();
         let mut links = Vec::with_capacity(peers.len());
         for (j, stream) in peers.into_iter().enumerate() {
@@ -187,43 +183,18 @@ impl Links {
                 continue;
             };
             let peer = NodeId(u16::try_from(j).expect("a mesh has at most u16::MAX peers"));
-            let addr = stream
-                .peer_addr()
-                .unwrap_or_else(|_| std::net::SocketAddr::from(([0, 0, 0, 0], 0)));
-            let stream = stream
-                .set_nonblocking(true)
-                .and_then(|()| tokio::net::TcpStream::from_std(stream))
-                .map_err(|source| TransportError::Io {
-                    op: "hand to the runtime the connection to",
-                    addr,
-                    source,
-                })?;
+            let addr = stream.peer_addr().unwrap_or_else(|_| std::net::SocketAddr::from(([0, 0, 0, 0], 0)));
+            let stream =
+                stream.set_nonblocking(true).and_then(|()| tokio::net::TcpStream::from_std(stream)).map_err(
+                    |source| TransportError::Io { op: "hand to the runtime the connection to", addr, source },
+                )?;
             let (read_half, write_half) = stream.into_split();
             let (queue, outgoing) = mpsc::unbounded_channel();
-            let writer = tokio::spawn(write_loop(
-                write_half,
-                outgoing,
-                peer,
-                Arc::clone(&counters),
-            ));
-            tokio::spawn(read_loop(
-                read_half,
-                peer,
-                events.clone(),
-                Arc::clone(&counters),
-            ));
-            links.push(Some(Link {
-                queue,
-                said_goodbye: AtomicBool::new(false),
-                writer,
-            }));
+            let writer = tokio::spawn(write_loop(write_half, outgoing, peer, Arc::clone(&counters)));
+            tokio::spawn(read_loop(read_half, peer, events.clone(), Arc::clone(&counters)));
+            links.push(Some(Link { queue, said_goodbye: AtomicBool::new(false), writer }));
         }
-        Ok(Links {
-            rank,
-            nprocs,
-            links,
-            counters,
-        })
+        Ok(Links { rank, nprocs, links, counters })
     }
 
     /// This node's rank.
@@ -251,10 +222,7 @@ impl Links {
     pub fn send(&self, to: NodeId, frame: Vec<u8>) -> Result<()> {
         assert!(
             frame.len() > HEADER_LEN
-                && frame[..HEADER_LEN]
-                    == u32::try_from(frame.len() - HEADER_LEN)
-                        .unwrap_or(0)
-                        .to_le_bytes(),
+                && frame[..HEADER_LEN] == u32::try_from(frame.len() - HEADER_LEN).unwrap_or(0).to_le_bytes(),
             "Links::send to {to} takes one frame from encode_frame, got {} bytes starting {:?}",
             frame.len(),
             &frame[..frame.len().min(HEADER_LEN)],
@@ -264,9 +232,7 @@ impl Links {
         if link.said_goodbye.load(Ordering::Acquire) {
             return Err(TransportError::LinkClosed { to, len });
         }
-        link.queue
-            .send(Outgoing::Frame(frame))
-            .map_err(|_| TransportError::LinkClosed { to, len })
+        link.queue.send(Outgoing::Frame(frame)).map_err(|_| TransportError::LinkClosed { to, len })
     }
 
     /// Queues a goodbye frame on every link, after everything already queued. Later sends fail.
@@ -309,14 +275,11 @@ impl Links {
     }
 
     fn link(&self, to: NodeId) -> Result<&Link> {
-        self.links
-            .get(to.idx())
-            .and_then(Option::as_ref)
-            .ok_or(TransportError::NoSuchLink {
-                to,
-                rank: self.rank,
-                nprocs: self.nprocs,
-            })
+        self.links.get(to.idx()).and_then(Option::as_ref).ok_or(TransportError::NoSuchLink {
+            to,
+            rank: self.rank,
+            nprocs: self.nprocs,
+        })
     }
 }
 
@@ -482,11 +445,7 @@ mod tests {
 
     /// Runs `f` on a fresh current-thread runtime, like the service thread does.
     fn on_runtime<F: Future>(f: F) -> F::Output {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(f)
+        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
     }
 
     async fn next_event(rx: &mut mpsc::UnboundedReceiver<LinkEvent>) -> LinkEvent {
@@ -570,10 +529,7 @@ mod tests {
             }
             links.goodbye();
             let err = links.send(NodeId(1), frame_of(&1u8)).unwrap_err();
-            assert!(
-                matches!(err, TransportError::LinkClosed { to: NodeId(1), .. }),
-                "{err}"
-            );
+            assert!(matches!(err, TransportError::LinkClosed { to: NodeId(1), .. }), "{err}");
             match next_event(&mut rx).await {
                 LinkEvent::Closed { from, cause } => {
                     assert_eq!(from, NodeId(1));
@@ -635,11 +591,7 @@ mod tests {
             stream.write_all(&frame_of(&42u64)).unwrap();
             drop(stream);
         });
-        let [
-            LinkEvent::Frame { payload, .. },
-            LinkEvent::Closed { from, cause },
-        ] = &events[..]
-        else {
+        let [LinkEvent::Frame { payload, .. }, LinkEvent::Closed { from, cause }] = &events[..] else {
             panic!("{events:?}");
         };
         assert_eq!(decode_payload::<u64>(payload).unwrap(), 42);
@@ -663,19 +615,10 @@ mod tests {
             panic!("{cause:?}");
         };
         assert!(
-            matches!(
-                err,
-                TransportError::FrameTooLarge {
-                    len: 80_000_000,
-                    from: Some(NodeId(1))
-                }
-            ),
+            matches!(err, TransportError::FrameTooLarge { len: 80_000_000, from: Some(NodeId(1)) }),
             "{err}"
         );
-        assert_eq!(
-            err.to_string(),
-            "frame of 80000000 bytes from node 1 exceeds the 64 MiB limit"
-        );
+        assert_eq!(err.to_string(), "frame of 80000000 bytes from node 1 exceeds the 64 MiB limit");
     }
 
     #[test]
@@ -690,11 +633,7 @@ mod tests {
         assert!(
             matches!(
                 cause,
-                CloseCause::Malformed(TransportError::TruncatedFrame {
-                    have: 50,
-                    want: 105,
-                    ..
-                })
+                CloseCause::Malformed(TransportError::TruncatedFrame { have: 50, want: 105, .. })
             ),
             "{cause:?}"
         );

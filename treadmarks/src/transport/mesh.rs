@@ -49,8 +49,7 @@ const REJECT_WRITE_TIMEOUT: Duration = Duration::from_millis(200);
 const ACCEPT_POLL: Duration = Duration::from_millis(1);
 
 /// First and largest pause between attempts to reach a root that is not listening yet.
-const CONNECT_BACKOFF: (Duration, Duration) =
-    (Duration::from_millis(2), Duration::from_millis(100));
+const CONNECT_BACKOFF: (Duration, Duration) = (Duration::from_millis(2), Duration::from_millis(100));
 
 /// What every node is started with.
 #[derive(Debug, Clone)]
@@ -83,12 +82,7 @@ pub struct Mesh {
 #[derive(Debug, Serialize, Deserialize)]
 enum Handshake {
     /// Rank i > 0 to the root: who I am and where I listen.
-    Hello {
-        rank: NodeId,
-        nprocs: u16,
-        fingerprint: String,
-        listen_addr: SocketAddr,
-    },
+    Hello { rank: NodeId, nprocs: u16, fingerprint: String, listen_addr: SocketAddr },
     /// The root to everyone: where every rank listens (`addrs[0]` is the root itself).
     Table { addrs: Vec<SocketAddr> },
     /// The root to a peer: the meeting failed, and why.
@@ -115,10 +109,7 @@ impl Handshake {
 /// `root_listener`.
 pub fn connect_mesh(cfg: &MeshConfig, root_listener: Option<TcpListener>) -> Result<Mesh> {
     if cfg.nprocs == 0 || cfg.rank.0 >= cfg.nprocs {
-        return Err(TransportError::BadConfig {
-            rank: cfg.rank,
-            nprocs: cfg.nprocs,
-        });
+        return Err(TransportError::BadConfig { rank: cfg.rank, nprocs: cfg.nprocs });
     }
     let deadline = Deadline::after(cfg.timeout);
     let mut peers: Vec<Option<TcpStream>> = (0..cfg.nprocs).map(|_| None).collect();
@@ -141,11 +132,7 @@ pub fn connect_mesh(cfg: &MeshConfig, root_listener: Option<TcpListener>) -> Res
         })?;
     }
     tracing::debug!(rank = %cfg.rank, nprocs = cfg.nprocs, "mesh complete");
-    Ok(Mesh {
-        rank: cfg.rank,
-        nprocs: cfg.nprocs,
-        peers,
-    })
+    Ok(Mesh { rank: cfg.rank, nprocs: cfg.nprocs, peers })
 }
 
 /// A peer that sent its Hello to the root.
@@ -179,10 +166,8 @@ fn meet_as_root(
         Ok(()) => {}
         Err((err, current)) => {
             let reason = err.to_string();
-            let streams = joined
-                .iter_mut()
-                .filter_map(|j| j.take().map(|j| (j.stream, j.from)))
-                .chain(current);
+            let streams =
+                joined.iter_mut().filter_map(|j| j.take().map(|j| (j.stream, j.from))).chain(current);
             for (stream, from) in streams {
                 reject(stream, from, &reason);
             }
@@ -191,21 +176,13 @@ fn meet_as_root(
     }
     let mut addrs = Vec::with_capacity(joined.len());
     addrs.push(root_addr);
-    addrs.extend(joined.iter().skip(1).map(|j| {
-        j.as_ref()
-            .expect("gather_hellos fills every rank but 0")
-            .listen_addr
-    }));
+    addrs.extend(
+        joined.iter().skip(1).map(|j| j.as_ref().expect("gather_hellos fills every rank but 0").listen_addr),
+    );
     let table = Handshake::Table { addrs };
     for (rank, slot) in joined.into_iter().enumerate().skip(1) {
         let mut peer = slot.expect("gather_hellos fills every rank but 0");
-        send(
-            &mut peer.stream,
-            peer.from,
-            &table,
-            deadline,
-            "send the table to",
-        )?;
+        send(&mut peer.stream, peer.from, &table, deadline, "send the table to")?;
         peers[rank] = Some(peer.stream);
     }
     Ok(())
@@ -239,11 +216,7 @@ fn gather_hellos(
         match checked {
             Ok((rank, listen_addr)) => {
                 tracing::debug!(%rank, %from, %listen_addr, "joined the mesh");
-                joined[rank.idx()] = Some(Joined {
-                    stream,
-                    from,
-                    listen_addr,
-                });
+                joined[rank.idx()] = Some(Joined { stream, from, listen_addr });
             }
             Err(err) => return Err((err, Some((stream, from)))),
         }
@@ -257,25 +230,11 @@ fn check_hello(
     from: SocketAddr,
     joined: &[Option<Joined>],
 ) -> Result<(NodeId, SocketAddr)> {
-    let Handshake::Hello {
-        rank,
-        nprocs,
-        fingerprint,
-        listen_addr,
-    } = hello
-    else {
-        return Err(TransportError::UnexpectedMessage {
-            got: hello.kind(),
-            expected: "Hello",
-            addr: from,
-        });
+    let Handshake::Hello { rank, nprocs, fingerprint, listen_addr } = hello else {
+        return Err(TransportError::UnexpectedMessage { got: hello.kind(), expected: "Hello", addr: from });
     };
     if nprocs != cfg.nprocs {
-        return Err(TransportError::NprocsMismatch {
-            node: rank,
-            ours: cfg.nprocs,
-            theirs: nprocs,
-        });
+        return Err(TransportError::NprocsMismatch { node: rank, ours: cfg.nprocs, theirs: nprocs });
     }
     if fingerprint != cfg.fingerprint {
         return Err(TransportError::ConfigMismatch {
@@ -292,37 +251,25 @@ fn check_hello(
         });
     }
     if let Some(first) = &joined[rank.idx()] {
-        return Err(TransportError::DuplicateRank {
-            rank,
-            first: first.from,
-            second: from,
-        });
+        return Err(TransportError::DuplicateRank { rank, first: first.from, second: from });
     }
     Ok((rank, listen_addr))
 }
 
 /// Best effort: tells a peer why the meeting failed, then closes our side.
 fn reject(mut stream: TcpStream, addr: SocketAddr, reason: &str) {
-    let msg = Handshake::Reject {
-        reason: reason.to_owned(),
-    };
+    let msg = Handshake::Reject { reason: reason.to_owned() };
     let Ok(frame) = codec::frame(&msg) else {
         return;
     };
-    let sent = stream
-        .set_write_timeout(Some(REJECT_WRITE_TIMEOUT))
-        .and_then(|()| stream.write_all(&frame));
+    let sent = stream.set_write_timeout(Some(REJECT_WRITE_TIMEOUT)).and_then(|()| stream.write_all(&frame));
     if let Err(err) = sent {
         tracing::debug!(%addr, %err, "could not deliver a reject");
     }
     let _ = stream.shutdown(Shutdown::Write);
 }
 
-fn meet_as_peer(
-    cfg: &MeshConfig,
-    deadline: &Deadline,
-    peers: &mut [Option<TcpStream>],
-) -> Result<()> {
+fn meet_as_peer(cfg: &MeshConfig, deadline: &Deadline, peers: &mut [Option<TcpStream>]) -> Result<()> {
     let rank = cfg.rank;
     let mut root = connect_root(cfg.root, deadline)?;
     let local_ip = root
@@ -344,26 +291,12 @@ fn meet_as_peer(
         addr: bind_at,
         source,
     })?;
-    let hello = Handshake::Hello {
-        rank,
-        nprocs: cfg.nprocs,
-        fingerprint: cfg.fingerprint.clone(),
-        listen_addr,
-    };
-    send(
-        &mut root,
-        cfg.root,
-        &hello,
-        deadline,
-        "send our hello to the root at",
-    )?;
-    let reply = recv(
-        &mut root,
-        cfg.root,
-        deadline,
-        "receive the table from the root at",
-        || format!("the table from the root at {}", cfg.root),
-    )?;
+    let hello =
+        Handshake::Hello { rank, nprocs: cfg.nprocs, fingerprint: cfg.fingerprint.clone(), listen_addr };
+    send(&mut root, cfg.root, &hello, deadline, "send our hello to the root at")?;
+    let reply = recv(&mut root, cfg.root, deadline, "receive the table from the root at", || {
+        format!("the table from the root at {}", cfg.root)
+    })?;
     let addrs = match reply {
         Handshake::Table { addrs } => addrs,
         Handshake::Reject { reason } => return Err(TransportError::Rejected { by: ROOT, reason }),
@@ -376,25 +309,14 @@ fn meet_as_peer(
         }
     };
     if addrs.len() != usize::from(cfg.nprocs) {
-        return Err(TransportError::BadTable {
-            len: addrs.len(),
-            nprocs: cfg.nprocs,
-        });
+        return Err(TransportError::BadTable { len: addrs.len(), nprocs: cfg.nprocs });
     }
     peers[ROOT.idx()] = Some(root);
 
     // Lower ranks already listen (everyone binds before sending its hello): connect to them.
     for (j, &addr) in addrs.iter().enumerate().take(rank.idx()).skip(1) {
-        let mut stream = connect_once(addr, deadline, || {
-            format!("a connection to node {j} at {addr}")
-        })?;
-        send(
-            &mut stream,
-            addr,
-            &Handshake::MeshHello { rank },
-            deadline,
-            "send our mesh hello to",
-        )?;
+        let mut stream = connect_once(addr, deadline, || format!("a connection to node {j} at {addr}"))?;
+        send(&mut stream, addr, &Handshake::MeshHello { rank }, deadline, "send our mesh hello to")?;
         peers[j] = Some(stream);
     }
 
@@ -402,23 +324,17 @@ fn meet_as_peer(
     let higher = cfg.nprocs - rank.0 - 1;
     for count in 0..higher {
         let waiting_for = || {
-            let missing: Vec<NodeId> = (rank.0 + 1..cfg.nprocs)
-                .map(NodeId)
-                .filter(|j| peers[j.idx()].is_none())
-                .collect();
+            let missing: Vec<NodeId> =
+                (rank.0 + 1..cfg.nprocs).map(NodeId).filter(|j| peers[j.idx()].is_none()).collect();
             format!(
                 "{} to connect to us at {listen_addr} ({count} of {higher} connected)",
                 rank_list(&missing)
             )
         };
         let (mut stream, from) = accept(&listener, listen_addr, deadline, waiting_for)?;
-        let msg = recv(
-            &mut stream,
-            from,
-            deadline,
-            "receive a mesh hello from",
-            || format!("a mesh hello from the connection from {from}"),
-        )?;
+        let msg = recv(&mut stream, from, deadline, "receive a mesh hello from", || {
+            format!("a mesh hello from the connection from {from}")
+        })?;
         let Handshake::MeshHello { rank: theirs } = msg else {
             return Err(TransportError::UnexpectedMessage {
                 got: msg.kind(),
@@ -471,11 +387,7 @@ fn connect_root(root: SocketAddr, deadline: &Deadline) -> Result<TcpStream> {
                 pause = (pause * 2).min(CONNECT_BACKOFF.1);
             }
             Err(source) => {
-                return Err(TransportError::Io {
-                    op: "connect to the root at",
-                    addr: root,
-                    source,
-                });
+                return Err(TransportError::Io { op: "connect to the root at", addr: root, source });
             }
         }
     }
@@ -494,11 +406,7 @@ fn connect_once(
             Ok(stream)
         }
         Err(err) if is_timeout(&err) => Err(deadline.expired(waiting_for())),
-        Err(source) => Err(TransportError::Io {
-            op: "connect to",
-            addr,
-            source,
-        }),
+        Err(source) => Err(TransportError::Io { op: "connect to", addr, source }),
     }
 }
 
@@ -509,31 +417,23 @@ fn accept(
     deadline: &Deadline,
     waiting_for: impl Fn() -> String,
 ) -> Result<(TcpStream, SocketAddr)> {
-    let io_err = |source| TransportError::Io {
-        op: "accept a connection on",
-        addr: local,
-        source,
-    };
+    let io_err = |source| TransportError::Io { op: "accept a connection on", addr: local, source };
     listener.set_nonblocking(true).map_err(io_err)?;
     loop {
         match listener.accept() {
             Ok((stream, from)) => {
-                stream
-                    .set_nonblocking(false)
-                    .map_err(|source| TransportError::Io {
-                        op: "make blocking the connection from",
-                        addr: from,
-                        source,
-                    })?;
+                stream.set_nonblocking(false).map_err(|source| TransportError::Io {
+                    op: "make blocking the connection from",
+                    addr: from,
+                    source,
+                })?;
                 set_nodelay(&stream, from)?;
                 return Ok((stream, from));
             }
             Err(err)
                 if matches!(
                     err.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::Interrupted
-                        | io::ErrorKind::ConnectionAborted
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
                 ) =>
             {
                 let remaining = deadline.remaining(&waiting_for)?;
@@ -624,27 +524,20 @@ fn read_full(
 }
 
 fn set_nodelay(stream: &TcpStream, addr: SocketAddr) -> Result<()> {
-    stream
-        .set_nodelay(true)
-        .map_err(|source| TransportError::Io {
-            op: "set TCP_NODELAY on the connection to",
-            addr,
-            source,
-        })
+    stream.set_nodelay(true).map_err(|source| TransportError::Io {
+        op: "set TCP_NODELAY on the connection to",
+        addr,
+        source,
+    })
 }
 
 fn peer_addr_or_unspecified(stream: &TcpStream) -> SocketAddr {
-    stream
-        .peer_addr()
-        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)))
+    stream.peer_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)))
 }
 
 /// A read or write timeout, or a connect that took too long.
 fn is_timeout(err: &io::Error) -> bool {
-    matches!(
-        err.kind(),
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-    )
+    matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
 }
 
 /// Ranks `0..` whose slot is empty, except `skip`.
@@ -676,27 +569,17 @@ struct Deadline {
 
 impl Deadline {
     fn after(timeout: Duration) -> Self {
-        Self {
-            end: Instant::now() + timeout,
-            timeout,
-        }
+        Self { end: Instant::now() + timeout, timeout }
     }
 
     /// Time left, or a `Timeout` naming what we were waiting for.
     fn remaining(&self, waiting_for: impl Fn() -> String) -> Result<Duration> {
         let left = self.end.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            Err(self.expired(waiting_for()))
-        } else {
-            Ok(left)
-        }
+        if left.is_zero() { Err(self.expired(waiting_for())) } else { Ok(left) }
     }
 
     fn expired(&self, waiting_for: String) -> TransportError {
-        TransportError::Timeout {
-            waiting_for,
-            timeout: self.timeout,
-        }
+        TransportError::Timeout { waiting_for, timeout: self.timeout }
     }
 }
 
@@ -709,13 +592,7 @@ mod tests {
     const FP: &str = "heap=1073741824@0x600000000000 locks=1024 barriers=64 page=4096 proto=1";
 
     fn config(nprocs: u16, rank: u16, root: SocketAddr, timeout: Duration) -> MeshConfig {
-        MeshConfig {
-            nprocs,
-            rank: NodeId(rank),
-            root,
-            fingerprint: FP.to_owned(),
-            timeout,
-        }
+        MeshConfig { nprocs, rank: NodeId(rank), root, fingerprint: FP.to_owned(), timeout }
     }
 
     fn bind_root() -> (TcpListener, SocketAddr) {
@@ -731,11 +608,7 @@ mod tests {
             let handles: Vec<_> = cfgs
                 .into_iter()
                 .map(|cfg| {
-                    let l = if cfg.rank == ROOT {
-                        listener.take()
-                    } else {
-                        None
-                    };
+                    let l = if cfg.rank == ROOT { listener.take() } else { None };
                     s.spawn(move || connect_mesh(&cfg, l))
                 })
                 .collect();
@@ -752,9 +625,7 @@ mod tests {
 
     fn body(from: u16, to: u16) -> ByteBuf {
         ByteBuf::from(
-            (0..1000u32)
-                .map(|k| (k * 31 + u32::from(from) * 7 + u32::from(to)) as u8)
-                .collect::<Vec<_>>(),
+            (0..1000u32).map(|k| (k * 31 + u32::from(from) * 7 + u32::from(to)) as u8).collect::<Vec<_>>(),
         )
     }
 
@@ -762,13 +633,8 @@ mod tests {
     fn four_nodes_get_a_full_mesh() {
         let n = 4;
         let (listener, root) = bind_root();
-        let cfgs = (0..n)
-            .map(|r| config(n, r, root, Duration::from_secs(10)))
-            .collect();
-        let meshes: Vec<Mesh> = meet(listener, cfgs)
-            .into_iter()
-            .map(Result::unwrap)
-            .collect();
+        let cfgs = (0..n).map(|r| config(n, r, root, Duration::from_secs(10))).collect();
+        let meshes: Vec<Mesh> = meet(listener, cfgs).into_iter().map(Result::unwrap).collect();
 
         thread::scope(|s| {
             for mut mesh in meshes {
@@ -785,15 +651,7 @@ mod tests {
                         assert_eq!(stream.read_timeout().unwrap(), None);
                         let to = NodeId(j as u16);
                         let mut out = Vec::new();
-                        encode_frame(
-                            &Probe {
-                                from: me,
-                                to,
-                                body: body(me.0, to.0),
-                            },
-                            &mut out,
-                        )
-                        .unwrap();
+                        encode_frame(&Probe { from: me, to, body: body(me.0, to.0) }, &mut out).unwrap();
                         stream.write_all(&out).unwrap();
                     }
                     for (j, peer) in mesh.peers.iter_mut().enumerate() {
@@ -808,19 +666,10 @@ mod tests {
                             assert_ne!(got, 0, "{me}: node {j} closed early");
                             reader.push(&buf[..got]);
                         };
-                        let codec::Frame::Payload(payload) = frame else {
-                            panic!("goodbye from {j}")
-                        };
+                        let codec::Frame::Payload(payload) = frame else { panic!("goodbye from {j}") };
                         let probe: Probe = decode_payload(&payload).unwrap();
                         let from = NodeId(j as u16);
-                        assert_eq!(
-                            probe,
-                            Probe {
-                                from,
-                                to: me,
-                                body: body(from.0, me.0)
-                            }
-                        );
+                        assert_eq!(probe, Probe { from, to: me, body: body(from.0, me.0) });
                     }
                 });
             }
@@ -833,11 +682,9 @@ mod tests {
         let (listener, root) = bind_root();
         drop(listener);
         let results = thread::scope(|s| {
-            let peer =
-                s.spawn(move || connect_mesh(&config(2, 1, root, Duration::from_secs(10)), None));
+            let peer = s.spawn(move || connect_mesh(&config(2, 1, root, Duration::from_secs(10)), None));
             thread::sleep(Duration::from_millis(100));
-            let root_node =
-                s.spawn(move || connect_mesh(&config(2, 0, root, Duration::from_secs(10)), None));
+            let root_node = s.spawn(move || connect_mesh(&config(2, 0, root, Duration::from_secs(10)), None));
             [root_node.join().unwrap(), peer.join().unwrap()]
         });
         for r in results {
@@ -861,10 +708,7 @@ mod tests {
         let (listener, root) = bind_root();
         let mut odd = config(2, 1, root, Duration::from_secs(10));
         odd.fingerprint = "heap=2048 proto=1".to_owned();
-        let mut results = meet(
-            listener,
-            vec![config(2, 0, root, Duration::from_secs(10)), odd],
-        );
+        let mut results = meet(listener, vec![config(2, 0, root, Duration::from_secs(10)), odd]);
         let peer = results.pop().unwrap().unwrap_err();
         let root_err = results.pop().unwrap().unwrap_err();
 
@@ -877,19 +721,13 @@ mod tests {
             other => panic!("root: {other}"),
         }
         let msg = root_err.to_string();
-        assert!(
-            msg.starts_with("node 1 announced configuration \"heap=2048 proto=1\""),
-            "{msg}"
-        );
+        assert!(msg.starts_with("node 1 announced configuration \"heap=2048 proto=1\""), "{msg}");
         assert!(msg.contains(FP), "{msg}");
 
         match &peer {
             TransportError::Rejected { by, reason } => {
                 assert_eq!(*by, ROOT);
-                assert!(
-                    reason.contains("heap=2048 proto=1") && reason.contains(FP),
-                    "{reason}"
-                );
+                assert!(reason.contains("heap=2048 proto=1") && reason.contains(FP), "{reason}");
             }
             other => panic!("peer: {other}"),
         }
@@ -900,17 +738,11 @@ mod tests {
         let (listener, root) = bind_root();
         let mut results = meet(
             listener,
-            vec![
-                config(4, 0, root, Duration::from_secs(10)),
-                config(3, 2, root, Duration::from_secs(10)),
-            ],
+            vec![config(4, 0, root, Duration::from_secs(10)), config(3, 2, root, Duration::from_secs(10))],
         );
         let peer = results.pop().unwrap().unwrap_err();
         let root_err = results.pop().unwrap().unwrap_err();
-        assert_eq!(
-            root_err.to_string(),
-            "node 2 announced 3 nodes, we were started with 4"
-        );
+        assert_eq!(root_err.to_string(), "node 2 announced 3 nodes, we were started with 4");
         assert!(matches!(peer, TransportError::Rejected { .. }), "{peer}");
     }
 
@@ -918,30 +750,12 @@ mod tests {
     fn duplicate_rank_fails_the_meeting() {
         let (listener, root) = bind_root();
         let t = Duration::from_secs(10);
-        let mut results = meet(
-            listener,
-            vec![
-                config(3, 0, root, t),
-                config(3, 1, root, t),
-                config(3, 1, root, t),
-            ],
-        );
+        let mut results =
+            meet(listener, vec![config(3, 0, root, t), config(3, 1, root, t), config(3, 1, root, t)]);
         let peers = results.split_off(1);
         let root_err = results.pop().unwrap().unwrap_err();
-        assert!(
-            matches!(
-                root_err,
-                TransportError::DuplicateRank {
-                    rank: NodeId(1),
-                    ..
-                }
-            ),
-            "{root_err}"
-        );
-        assert!(
-            root_err.to_string().starts_with("node 1 announced twice"),
-            "{root_err}"
-        );
+        assert!(matches!(root_err, TransportError::DuplicateRank { rank: NodeId(1), .. }), "{root_err}");
+        assert!(root_err.to_string().starts_with("node 1 announced twice"), "{root_err}");
         for p in peers {
             let err = p.unwrap_err();
             assert!(
@@ -955,24 +769,12 @@ mod tests {
     fn rank_out_of_range_is_refused() {
         let (listener, root) = bind_root();
         let mut raw = TcpStream::connect(root).unwrap();
-        let hello = Handshake::Hello {
-            rank: NodeId(9),
-            nprocs: 2,
-            fingerprint: FP.to_owned(),
-            listen_addr: root,
-        };
+        let hello =
+            Handshake::Hello { rank: NodeId(9), nprocs: 2, fingerprint: FP.to_owned(), listen_addr: root };
         raw.write_all(&codec::frame(&hello).unwrap()).unwrap();
-        let err =
-            connect_mesh(&config(2, 0, root, Duration::from_secs(5)), Some(listener)).unwrap_err();
-        assert!(
-            matches!(err, TransportError::RankOutOfRange { rank: 9, .. }),
-            "{err}"
-        );
-        assert!(
-            err.to_string()
-                .contains("announced rank 9, expected one of 1..2"),
-            "{err}"
-        );
+        let err = connect_mesh(&config(2, 0, root, Duration::from_secs(5)), Some(listener)).unwrap_err();
+        assert!(matches!(err, TransportError::RankOutOfRange { rank: 9, .. }), "{err}");
+        assert!(err.to_string().contains("announced rank 9, expected one of 1..2"), "{err}");
         // The impostor is told.
         let mut bytes = Vec::new();
         raw.read_to_end(&mut bytes).unwrap();
@@ -984,20 +786,14 @@ mod tests {
     fn garbage_hello_is_an_error_not_a_panic() {
         let (listener, root) = bind_root();
         let mut raw = TcpStream::connect(root).unwrap();
-        raw.write_all(&[5, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff])
-            .unwrap();
-        let err =
-            connect_mesh(&config(2, 0, root, Duration::from_secs(5)), Some(listener)).unwrap_err();
-        assert!(
-            matches!(err, TransportError::Decode { len: 5, .. }),
-            "{err}"
-        );
+        raw.write_all(&[5, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff]).unwrap();
+        let err = connect_mesh(&config(2, 0, root, Duration::from_secs(5)), Some(listener)).unwrap_err();
+        assert!(matches!(err, TransportError::Decode { len: 5, .. }), "{err}");
 
         let (listener, root) = bind_root();
         let mut raw = TcpStream::connect(root).unwrap();
         raw.write_all(&[0xff, 0xff, 0xff, 0xff]).unwrap();
-        let err =
-            connect_mesh(&config(2, 0, root, Duration::from_secs(5)), Some(listener)).unwrap_err();
+        let err = connect_mesh(&config(2, 0, root, Duration::from_secs(5)), Some(listener)).unwrap_err();
         assert!(matches!(err, TransportError::FrameTooLarge { .. }), "{err}");
     }
 
@@ -1008,24 +804,15 @@ mod tests {
         // Rank 2 never comes. Rank 1 waits longer than the root, so it hears the root's reason.
         let mut results = meet(
             listener,
-            vec![
-                config(3, 0, root, Duration::from_millis(500)),
-                config(3, 1, root, Duration::from_secs(10)),
-            ],
+            vec![config(3, 0, root, Duration::from_millis(500)), config(3, 1, root, Duration::from_secs(10))],
         );
         assert!(started.elapsed() < Duration::from_secs(5));
         let peer = results.pop().unwrap().unwrap_err();
         let root_err = results.pop().unwrap().unwrap_err();
         match &root_err {
-            TransportError::Timeout {
-                waiting_for,
-                timeout,
-            } => {
+            TransportError::Timeout { waiting_for, timeout } => {
                 assert_eq!(*timeout, Duration::from_millis(500));
-                assert!(
-                    waiting_for.starts_with("hello from node 2 "),
-                    "{waiting_for}"
-                );
+                assert!(waiting_for.starts_with("hello from node 2 "), "{waiting_for}");
                 assert!(waiting_for.contains("1 of 2 peers joined"), "{waiting_for}");
             }
             other => panic!("root: {other}"),

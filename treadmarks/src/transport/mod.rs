@@ -28,8 +28,7 @@ pub mod link;
 pub mod mesh;
 
 pub use codec::{
-    FrameLen, FrameReader, GOODBYE_FRAME, HEADER_LEN, MAX_FRAME, decode_header, decode_payload,
-    encode_frame,
+    FrameLen, FrameReader, GOODBYE_FRAME, HEADER_LEN, MAX_FRAME, decode_header, decode_payload, encode_frame,
 };
 pub use error::TransportError;
 pub use link::{CloseCause, LinkCounters, LinkEvent, Links};

@@ -37,15 +37,8 @@ fn serve(
         let deadline = Instant::now() + Duration::from_secs(20);
         let mut seen = Vec::new();
         while seen.len() < n {
-            assert!(
-                Instant::now() < deadline,
-                "service thread saw only {seen:?} of {n} faults"
-            );
-            let mut pfd = libc::pollfd {
-                fd: bell.service_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
+            assert!(Instant::now() < deadline, "service thread saw only {seen:?} of {n} faults");
+            let mut pfd = libc::pollfd { fd: bell.service_fd(), events: libc::POLLIN, revents: 0 };
             // SAFETY: one valid pollfd, live for the call.
             unsafe { libc::poll(&mut pfd, 1, 100) };
             bell.clear_service();
@@ -61,240 +54,184 @@ fn serve(
 
 #[test]
 fn fast_path_twins_a_write_to_a_read_only_page() {
-    run_in_child(
-        test_name!(fast_path_twins_a_write_to_a_read_only_page),
-        || {
-            let heap = Heap::map(layout(10, 16)).unwrap();
-            let ps = heap.page_size();
-            let bell = Doorbell::new().unwrap();
-            let mut pages = HeapPages(heap.clone());
-            // Old contents of page 3: 0xaa everywhere.
-            pages.set_access(PageIdx(3), 1, Access::None);
-            pages.page_mut(PageIdx(3)).fill(0xaa);
-            pages.set_access(PageIdx(3), 1, Access::Read);
+    run_in_child(test_name!(fast_path_twins_a_write_to_a_read_only_page), || {
+        let heap = Heap::map(layout(10, 16)).unwrap();
+        let ps = heap.page_size();
+        let bell = Doorbell::new().unwrap();
+        let mut pages = HeapPages(heap.clone());
+        // Old contents of page 3: 0xaa everywhere.
+        pages.set_access(PageIdx(3), 1, Access::None);
+        pages.page_mut(PageIdx(3)).fill(0xaa);
+        pages.set_access(PageIdx(3), 1, Access::Read);
 
-            let _handler = FaultHandler::install(heap.clone(), bell.clone()).unwrap();
-            app_write(&heap, 3 * ps + 10, 0x55);
+        let _handler = FaultHandler::install(heap.clone(), bell.clone()).unwrap();
+        app_write(&heap, 3 * ps + 10, 0x55);
 
-            assert_eq!(pages.access(PageIdx(3)), Access::ReadWrite);
-            assert!(
-                pages.twin(PageIdx(3)).iter().all(|&b| b == 0xaa),
-                "the twin holds the old bytes"
-            );
-            assert_eq!(
-                app_read(&heap, 3 * ps + 10),
-                0x55,
-                "the page holds the new byte"
-            );
-            assert_eq!(app_read(&heap, 3 * ps + 11), 0xaa);
-            let mut drained = Vec::new();
-            heap.drain_fast_twins(|p| drained.push(p));
-            assert_eq!(drained, vec![PageIdx(3)]);
-            heap.drain_fast_twins(|p| panic!("{p} drained twice"));
-            // A second write to the now writable page does not fault.
-            app_write(&heap, 3 * ps + 12, 0x66);
-            let c = heap.counters();
-            assert_eq!((c.fast_write_faults, c.handoffs), (1, 0), "{c:?}");
-            assert_eq!(bell.take_fault(), None);
-        },
-    )
+        assert_eq!(pages.access(PageIdx(3)), Access::ReadWrite);
+        assert!(pages.twin(PageIdx(3)).iter().all(|&b| b == 0xaa), "the twin holds the old bytes");
+        assert_eq!(app_read(&heap, 3 * ps + 10), 0x55, "the page holds the new byte");
+        assert_eq!(app_read(&heap, 3 * ps + 11), 0xaa);
+        let mut drained = Vec::new();
+        heap.drain_fast_twins(|p| drained.push(p));
+        assert_eq!(drained, vec![PageIdx(3)]);
+        heap.drain_fast_twins(|p| panic!("{p} drained twice"));
+        // A second write to the now writable page does not fault.
+        app_write(&heap, 3 * ps + 12, 0x66);
+        let c = heap.counters();
+        assert_eq!((c.fast_write_faults, c.handoffs), (1, 0), "{c:?}");
+        assert_eq!(bell.take_fault(), None);
+    })
     .assert_success();
 }
 
 #[test]
 fn slow_path_hands_the_fault_to_the_service_thread() {
-    run_in_child(
-        test_name!(slow_path_hands_the_fault_to_the_service_thread),
-        || {
-            let heap = Heap::map(layout(11, 16)).unwrap();
-            let ps = heap.page_size();
-            let bell = Doorbell::new().unwrap();
-            let mut pages = HeapPages(heap.clone());
-            pages.set_access(PageIdx(5), 2, Access::None);
-            let _handler = FaultHandler::install(heap.clone(), bell.clone()).unwrap();
-            let service = serve(bell.clone(), pages, 2, |pages, p, _kind| {
-                // Install a "copy from another node", then make the page readable.
-                pages.page_mut(p).fill(0x70 + p.0 as u8);
-                pages.set_access(p, 1, Access::Read);
-            });
+    run_in_child(test_name!(slow_path_hands_the_fault_to_the_service_thread), || {
+        let heap = Heap::map(layout(11, 16)).unwrap();
+        let ps = heap.page_size();
+        let bell = Doorbell::new().unwrap();
+        let mut pages = HeapPages(heap.clone());
+        pages.set_access(PageIdx(5), 2, Access::None);
+        let _handler = FaultHandler::install(heap.clone(), bell.clone()).unwrap();
+        let service = serve(bell.clone(), pages, 2, |pages, p, _kind| {
+            // Install a "copy from another node", then make the page readable.
+            pages.page_mut(p).fill(0x70 + p.0 as u8);
+            pages.set_access(p, 1, Access::Read);
+        });
 
-            assert_eq!(
-                app_read(&heap, 5 * ps + 123),
-                0x75,
-                "the read sees the service thread's bytes"
-            );
-            // A write to an invalid page: handed off, then (page now read-only) twinned on retry.
-            app_write(&heap, 6 * ps + 1, 0x01);
-            let seen = service.join().expect("service thread");
-            let expect_write = if cfg!(target_arch = "x86_64") {
-                FaultKind::Write
-            } else {
-                FaultKind::Unknown
-            };
-            let expect_read = if cfg!(target_arch = "x86_64") {
-                FaultKind::Read
-            } else {
-                FaultKind::Unknown
-            };
-            assert_eq!(
-                seen,
-                vec![(PageIdx(5), expect_read), (PageIdx(6), expect_write)]
-            );
-            assert_eq!(app_read(&heap, 6 * ps + 1), 0x01);
-            assert_eq!(app_read(&heap, 6 * ps + 2), 0x76);
-            let twin_ok = HeapPages(heap.clone())
-                .twin(PageIdx(6))
-                .iter()
-                .all(|&b| b == 0x76);
-            assert!(twin_ok, "the retried write twinned the installed copy");
-            let c = heap.counters();
-            assert_eq!((c.handoffs, c.fast_write_faults), (2, 1), "{c:?}");
-        },
-    )
+        assert_eq!(app_read(&heap, 5 * ps + 123), 0x75, "the read sees the service thread's bytes");
+        // A write to an invalid page: handed off, then (page now read-only) twinned on retry.
+        app_write(&heap, 6 * ps + 1, 0x01);
+        let seen = service.join().expect("service thread");
+        let expect_write = if cfg!(target_arch = "x86_64") { FaultKind::Write } else { FaultKind::Unknown };
+        let expect_read = if cfg!(target_arch = "x86_64") { FaultKind::Read } else { FaultKind::Unknown };
+        assert_eq!(seen, vec![(PageIdx(5), expect_read), (PageIdx(6), expect_write)]);
+        assert_eq!(app_read(&heap, 6 * ps + 1), 0x01);
+        assert_eq!(app_read(&heap, 6 * ps + 2), 0x76);
+        let twin_ok = HeapPages(heap.clone()).twin(PageIdx(6)).iter().all(|&b| b == 0x76);
+        assert!(twin_ok, "the retried write twinned the installed copy");
+        let c = heap.counters();
+        assert_eq!((c.handoffs, c.fast_write_faults), (2, 1), "{c:?}");
+    })
     .assert_success();
 }
 
 #[test]
 fn fault_from_another_thread_aborts_with_a_message() {
-    let out = run_in_child(
-        test_name!(fault_from_another_thread_aborts_with_a_message),
-        || {
-            no_core_dumps();
-            let heap = Heap::map(layout(12, 4)).unwrap();
-            let bell = Doorbell::new().unwrap();
-            let _handler = FaultHandler::install(heap.clone(), bell).unwrap();
-            let h = heap.clone();
-            std::thread::spawn(move || app_write(&h, 100, 1))
-                .join()
-                .ok();
-            eprintln!("unreachable: the write should have aborted");
-        },
-    );
+    let out = run_in_child(test_name!(fault_from_another_thread_aborts_with_a_message), || {
+        no_core_dumps();
+        let heap = Heap::map(layout(12, 4)).unwrap();
+        let bell = Doorbell::new().unwrap();
+        let _handler = FaultHandler::install(heap.clone(), bell).unwrap();
+        let h = heap.clone();
+        std::thread::spawn(move || app_write(&h, 100, 1)).join().ok();
+        eprintln!("unreachable: the write should have aborted");
+    });
     out.assert_killed_by(libc::SIGABRT);
     let want = format!(
         "treadmarks: shared heap accessed at {:#x} from a thread that is not the node's application thread",
         super::test_base(12) + 100
     );
-    assert!(
-        out.stderr.contains(&want),
-        "stderr lacks {want:?}:\n{}",
-        out.stderr
-    );
+    assert!(out.stderr.contains(&want), "stderr lacks {want:?}:\n{}", out.stderr);
 }
 
 #[test]
 fn fault_outside_the_heap_chains_to_the_default_action() {
-    let out = run_in_child(
-        test_name!(fault_outside_the_heap_chains_to_the_default_action),
-        || {
-            no_core_dumps();
-            let heap = Heap::map(layout(13, 4)).unwrap();
-            let _handler = FaultHandler::install(heap, Doorbell::new().unwrap()).unwrap();
-            // SAFETY: a fresh private PROT_NONE page, ours to fault on.
-            let p = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    4096,
-                    libc::PROT_NONE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
-            };
-            assert_ne!(p, libc::MAP_FAILED);
-            // SAFETY: deliberately faults; the handler chains and the process dies by SIGSEGV.
-            let b = unsafe { std::ptr::read_volatile(p.cast::<u8>()) };
-            eprintln!("unreachable: read {b}");
-        },
-    );
+    let out = run_in_child(test_name!(fault_outside_the_heap_chains_to_the_default_action), || {
+        no_core_dumps();
+        let heap = Heap::map(layout(13, 4)).unwrap();
+        let _handler = FaultHandler::install(heap, Doorbell::new().unwrap()).unwrap();
+        // SAFETY: a fresh private PROT_NONE page, ours to fault on.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        // SAFETY: deliberately faults; the handler chains and the process dies by SIGSEGV.
+        let b = unsafe { std::ptr::read_volatile(p.cast::<u8>()) };
+        eprintln!("unreachable: read {b}");
+    });
     out.assert_killed_by(libc::SIGSEGV);
 }
 
 #[test]
 fn revoke_while_the_application_writes_loses_nothing() {
-    run_in_child(
-        test_name!(revoke_while_the_application_writes_loses_nothing),
-        || {
-            const WORDS: usize = 512; // u64 words in a 4 KiB page
-            const ROUNDS: usize = 400;
-            let heap = Heap::map(layout(14, 4)).unwrap();
-            let bell = Doorbell::new().unwrap();
-            let _handler = FaultHandler::install(heap.clone(), bell.clone()).unwrap();
-            let done = Arc::new(AtomicBool::new(false));
-            let revokes = Arc::new(AtomicU64::new(0));
-            let revoker = {
-                let (heap, done, revokes) = (heap.clone(), done.clone(), revokes.clone());
-                std::thread::spawn(move || {
-                    let mut pages = HeapPages(heap.clone());
-                    while !done.load(Ordering::Acquire) {
-                        heap.drain_fast_twins(|_| {});
-                        pages.set_access(PageIdx(1), 1, Access::Read);
-                        revokes.fetch_add(1, Ordering::Relaxed);
-                        std::thread::yield_now();
-                    }
-                })
-            };
-            let base = heap.app_base().wrapping_add(heap.page_size()).cast::<u64>();
-            let deadline = Instant::now() + Duration::from_secs(20);
-            let mut i = 0u64;
-            // Write until the revoker has really raced with us (or a generous number of rounds).
-            while i < (ROUNDS * WORDS) as u64
-                || (revokes.load(Ordering::Relaxed) < 50 && Instant::now() < deadline)
-            {
-                // SAFETY: word (i % WORDS) of page 1 of the application view; a write to the
-                // read-only page faults and the fast path makes it writable.
-                unsafe { base.add(i as usize % WORDS).write_volatile(i) };
-                i += 1;
-            }
-            let total = i - i % WORDS as u64; // finish the last full sweep
-            while i < total + WORDS as u64 {
-                // SAFETY: as above.
-                unsafe { base.add(i as usize % WORDS).write_volatile(i) };
-                i += 1;
-            }
-            done.store(true, Ordering::Release);
-            revoker.join().expect("revoker");
-            for w in 0..WORDS {
-                // SAFETY: page 1 is readable (Read or ReadWrite) now.
-                let v = unsafe { base.add(w).read_volatile() };
-                assert_eq!(v, total + w as u64, "word {w} lost a write");
-            }
-            let c = heap.counters();
-            assert!(
-                c.fast_write_faults >= 2,
-                "the revoker never re-protected under a write: {c:?}"
-            );
-            assert_eq!(c.handoffs, 0, "{c:?}");
-            println!("revokes {}, {c:?}", revokes.load(Ordering::Relaxed));
-        },
-    )
+    run_in_child(test_name!(revoke_while_the_application_writes_loses_nothing), || {
+        const WORDS: usize = 512; // u64 words in a 4 KiB page
+        const ROUNDS: usize = 400;
+        let heap = Heap::map(layout(14, 4)).unwrap();
+        let bell = Doorbell::new().unwrap();
+        let _handler = FaultHandler::install(heap.clone(), bell.clone()).unwrap();
+        let done = Arc::new(AtomicBool::new(false));
+        let revokes = Arc::new(AtomicU64::new(0));
+        let revoker = {
+            let (heap, done, revokes) = (heap.clone(), done.clone(), revokes.clone());
+            std::thread::spawn(move || {
+                let mut pages = HeapPages(heap.clone());
+                while !done.load(Ordering::Acquire) {
+                    heap.drain_fast_twins(|_| {});
+                    pages.set_access(PageIdx(1), 1, Access::Read);
+                    revokes.fetch_add(1, Ordering::Relaxed);
+                    std::thread::yield_now();
+                }
+            })
+        };
+        let base = heap.app_base().wrapping_add(heap.page_size()).cast::<u64>();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut i = 0u64;
+        // Write until the revoker has really raced with us (or a generous number of rounds).
+        while i < (ROUNDS * WORDS) as u64
+            || (revokes.load(Ordering::Relaxed) < 50 && Instant::now() < deadline)
+        {
+            // SAFETY: word (i % WORDS) of page 1 of the application view; a write to the
+            // read-only page faults and the fast path makes it writable.
+            unsafe { base.add(i as usize % WORDS).write_volatile(i) };
+            i += 1;
+        }
+        let total = i - i % WORDS as u64; // finish the last full sweep
+        while i < total + WORDS as u64 {
+            // SAFETY: as above.
+            unsafe { base.add(i as usize % WORDS).write_volatile(i) };
+            i += 1;
+        }
+        done.store(true, Ordering::Release);
+        revoker.join().expect("revoker");
+        for w in 0..WORDS {
+            // SAFETY: page 1 is readable (Read or ReadWrite) now.
+            let v = unsafe { base.add(w).read_volatile() };
+            assert_eq!(v, total + w as u64, "word {w} lost a write");
+        }
+        let c = heap.counters();
+        assert!(c.fast_write_faults >= 2, "the revoker never re-protected under a write: {c:?}");
+        assert_eq!(c.handoffs, 0, "{c:?}");
+        println!("revokes {}, {c:?}", revokes.load(Ordering::Relaxed));
+    })
     .assert_success();
 }
 
 #[test]
 fn only_one_handler_and_no_probe_while_installed() {
-    run_in_child(
-        test_name!(only_one_handler_and_no_probe_while_installed),
-        || {
-            let heap = Heap::map(layout(15, 4)).unwrap();
-            let bell = Doorbell::new().unwrap();
-            let first = FaultHandler::install(heap.clone(), bell.clone()).unwrap();
-            let second =
-                FaultHandler::install(heap.clone(), bell.clone()).expect_err("second install");
-            assert!(matches!(second, MemError::HandlerBusy { .. }), "{second}");
-            let probe_err = probe::bare_fault_ns(8).expect_err("probe while installed");
-            assert!(
-                probe_err.to_string().contains("FaultHandler"),
-                "{probe_err}"
-            );
-            drop(first);
-            assert!(probe::bare_fault_ns(8).unwrap() > 0.0);
-            // Reinstalling after drop works, and the fast path still runs.
-            let _again = FaultHandler::install(heap.clone(), bell).unwrap();
-            app_write(&heap, 0, 9);
-            assert_eq!(heap.counters().fast_write_faults, 1);
-        },
-    )
+    run_in_child(test_name!(only_one_handler_and_no_probe_while_installed), || {
+        let heap = Heap::map(layout(15, 4)).unwrap();
+        let bell = Doorbell::new().unwrap();
+        let first = FaultHandler::install(heap.clone(), bell.clone()).unwrap();
+        let second = FaultHandler::install(heap.clone(), bell.clone()).expect_err("second install");
+        assert!(matches!(second, MemError::HandlerBusy { .. }), "{second}");
+        let probe_err = probe::bare_fault_ns(8).expect_err("probe while installed");
+        assert!(probe_err.to_string().contains("FaultHandler"), "{probe_err}");
+        drop(first);
+        assert!(probe::bare_fault_ns(8).unwrap() > 0.0);
+        // Reinstalling after drop works, and the fast path still runs.
+        let _again = FaultHandler::install(heap.clone(), bell).unwrap();
+        app_write(&heap, 0, 9);
+        assert_eq!(heap.counters().fast_write_faults, 1);
+    })
     .assert_success();
 }
 
@@ -324,11 +261,5 @@ fn fast_path_cost_next_to_bare_fault() {
         );
     });
     out.assert_success();
-    println!(
-        "{}",
-        out.stdout
-            .lines()
-            .find(|l| l.starts_with("fault cost"))
-            .unwrap_or("no numbers")
-    );
+    println!("{}", out.stdout.lines().find(|l| l.starts_with("fault cost")).unwrap_or("no numbers"));
 }

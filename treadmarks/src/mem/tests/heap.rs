@@ -26,21 +26,12 @@ fn maps_at_fixed_base_and_refuses_overlap() {
     let err = Heap::map(l).expect_err("a second heap over the same range must fail");
     assert!(matches!(err, MemError::AddressInUse { .. }), "{err:?}");
     let msg = err.to_string();
-    assert!(
-        msg.contains(&format!("{:#x}", l.base)),
-        "message should name the address: {msg}"
-    );
+    assert!(msg.contains(&format!("{:#x}", l.base)), "message should name the address: {msg}");
     assert!(msg.contains("TMK_HEAP_BASE"), "{msg}");
 
     // Partial overlap fails too.
-    let shifted = HeapLayout {
-        base: l.base + 32 * 4096,
-        ..l
-    };
-    assert!(matches!(
-        Heap::map(shifted),
-        Err(MemError::AddressInUse { .. })
-    ));
+    let shifted = HeapLayout { base: l.base + 32 * 4096, ..l };
+    assert!(matches!(Heap::map(shifted), Err(MemError::AddressInUse { .. })));
 
     drop(pages);
     drop(heap);
@@ -51,57 +42,20 @@ fn maps_at_fixed_base_and_refuses_overlap() {
 fn rejects_bad_layouts() {
     let base = test_base(2);
     for (l, what) in [
-        (
-            HeapLayout {
-                base: base + 1,
-                size: 4096,
-                protect: true,
-            },
-            "misaligned base",
-        ),
-        (
-            HeapLayout {
-                base,
-                size: 100,
-                protect: true,
-            },
-            "size not a page multiple",
-        ),
-        (
-            HeapLayout {
-                base,
-                size: 0,
-                protect: true,
-            },
-            "zero size",
-        ),
-        (
-            HeapLayout {
-                base: 0,
-                size: 4096,
-                protect: true,
-            },
-            "null base",
-        ),
+        (HeapLayout { base: base + 1, size: 4096, protect: true }, "misaligned base"),
+        (HeapLayout { base, size: 100, protect: true }, "size not a page multiple"),
+        (HeapLayout { base, size: 0, protect: true }, "zero size"),
+        (HeapLayout { base: 0, size: 4096, protect: true }, "null base"),
     ] {
         let err = Heap::map(l).expect_err(what);
-        assert!(
-            matches!(err, MemError::InvalidLayout { .. }),
-            "{what}: {err:?}"
-        );
-        assert!(
-            err.to_string().contains(&format!("{:#x}", l.base)),
-            "{what}: {err}"
-        );
+        assert!(matches!(err, MemError::InvalidLayout { .. }), "{what}: {err:?}");
+        assert!(err.to_string().contains(&format!("{:#x}", l.base)), "{what}: {err}");
     }
 }
 
 #[test]
 fn unprotected_heap_is_writable_without_a_handler() {
-    let l = HeapLayout {
-        protect: false,
-        ..layout(3, 4)
-    };
+    let l = HeapLayout { protect: false, ..layout(3, 4) };
     let heap = Heap::map(l).unwrap();
     let p = heap.app_base();
     // SAFETY: inside the application view, mapped read-write because protect = false.
@@ -109,11 +63,7 @@ fn unprotected_heap_is_writable_without_a_handler() {
     let mut pages = HeapPages(heap.clone());
     assert_eq!(pages.access(PageIdx(1)), Access::ReadWrite);
     pages.set_access(PageIdx(1), 1, Access::Read);
-    assert_eq!(
-        pages.page(PageIdx(1))[7],
-        42,
-        "the runtime view sees the application's store"
-    );
+    assert_eq!(pages.page(PageIdx(1))[7], 42, "the runtime view sees the application's store");
     assert_eq!(heap.counters().fast_write_faults, 0);
 }
 
@@ -137,38 +87,23 @@ fn heap_pages_enforce_the_page_sharing_rule() {
         pages.page(PageIdx(0));
     })));
     assert!(msg.contains("page 0") && msg.contains("ReadWrite"), "{msg}");
-    let msg = panic_message(catch_unwind(AssertUnwindSafe(|| {
-        pages.make_twin(PageIdx(1))
-    })));
+    let msg = panic_message(catch_unwind(AssertUnwindSafe(|| pages.make_twin(PageIdx(1)))));
     assert!(msg.contains("make_twin(page 1)"), "{msg}");
-    assert_eq!(
-        pages.access(PageIdx(1)),
-        Access::ReadWrite,
-        "a refused make_twin leaves the state alone"
-    );
+    assert_eq!(pages.access(PageIdx(1)), Access::ReadWrite, "a refused make_twin leaves the state alone");
 
     assert_eq!(pages.access(PageIdx(2)), Access::Read);
     let msg = panic_message(catch_unwind(AssertUnwindSafe(|| {
         pages.page_mut(PageIdx(2));
     })));
-    assert!(
-        msg.contains("page_mut(page 2)") && msg.contains("Read"),
-        "{msg}"
-    );
-    let msg = panic_message(catch_unwind(AssertUnwindSafe(|| {
-        pages.set_access(PageIdx(7), 2, Access::None)
-    })));
+    assert!(msg.contains("page_mut(page 2)") && msg.contains("Read"), "{msg}");
+    let msg = panic_message(catch_unwind(AssertUnwindSafe(|| pages.set_access(PageIdx(7), 2, Access::None))));
     assert!(msg.contains("out of range"), "{msg}");
 
     // Allowed uses: write an invalid page, twin it, read it back.
     pages.set_access(PageIdx(3), 1, Access::None);
     pages.page_mut(PageIdx(3)).fill(0x5a);
     pages.make_twin(PageIdx(3));
-    assert_eq!(
-        pages.access(PageIdx(3)),
-        Access::None,
-        "make_twin keeps the state"
-    );
+    assert_eq!(pages.access(PageIdx(3)), Access::None, "make_twin keeps the state");
     assert!(pages.twin(PageIdx(3)).iter().all(|&b| b == 0x5a));
     pages.set_access(PageIdx(3), 1, Access::Read);
     assert!(pages.page(PageIdx(3)).iter().all(|&b| b == 0x5a));

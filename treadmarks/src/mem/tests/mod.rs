@@ -30,11 +30,7 @@ pub(super) fn test_base(slot: usize) -> usize {
 
 /// A protected heap layout of `npages` pages at `test_base(slot)`.
 pub(super) fn layout(slot: usize, npages: usize) -> HeapLayout {
-    HeapLayout {
-        base: test_base(slot),
-        size: npages * super::heap::system_page_size(),
-        protect: true,
-    }
+    HeapLayout { base: test_base(slot), size: npages * super::heap::system_page_size(), protect: true }
 }
 
 /// What a child did.
@@ -128,10 +124,7 @@ pub(super) use test_name;
 
 /// Disables core dumps in a child that is about to crash on purpose.
 pub(super) fn no_core_dumps() {
-    let zero = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
+    let zero = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: passes a valid, live rlimit struct.
     unsafe { libc::setrlimit(libc::RLIMIT_CORE, &zero) };
 }

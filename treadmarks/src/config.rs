@@ -1,0 +1,222 @@
+//! Job configuration, from the environment and the command line.
+//!
+//! | setting | variable | flag | default |
+//! |---|---|---|---|
+//! | nodes | `TMK_NPROCS` | `-n N`, `--nprocs N` | 1 |
+//! | this node's rank (join an existing job) | `TMK_RANK` | `--rank R` | unset: start the job |
+//! | where node 0 listens / others meet it | `TMK_ROOT` | `--root HOST:PORT` | `127.0.0.1:0` when launching |
+//! | heap size | `TMK_HEAP_SIZE` (`256MiB`, `1GiB`, bytes) | | 1 GiB |
+//! | heap base address | `TMK_HEAP_BASE` (hex) | | `0x600000000000` |
+//! | locks / barriers | `TMK_LOCKS` / `TMK_BARRIERS` | | 1024 / 64 |
+//! | print statistics at exit | `TMK_STATS=1` | | off |
+//! | bound on meeting the other nodes | `TMK_CONNECT_TIMEOUT` (seconds) | | 30 |
+//!
+//! Flags win over variables. Flags this module does not know are left for the application.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// A bad setting, naming it and its value.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A value that does not parse.
+    #[error("bad value {value:?} for {name}: {why}")]
+    Invalid { name: &'static str, value: String, why: String },
+    /// A flag without its value.
+    #[error("{flag} needs a value")]
+    MissingValue { flag: String },
+}
+
+/// How this process takes part in the job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Started alone: this process is node 0 and spawns nodes `1..nprocs` on this machine.
+    Launcher,
+    /// Joins an existing job as node `rank`, meeting node 0 at `root`.
+    Member { rank: u16 },
+}
+
+/// Everything a node needs to start.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub nprocs: u16,
+    pub role: Role,
+    pub root: Option<SocketAddr>,
+    pub heap_size: usize,
+    pub heap_base: usize,
+    pub nlocks: u32,
+    pub nbarriers: u32,
+    pub print_stats: bool,
+    pub connect_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            nprocs: 1,
+            role: Role::Launcher,
+            root: None,
+            heap_size: 1 << 30,
+            heap_base: 0x6000_0000_0000,
+            nlocks: 1024,
+            nbarriers: 64,
+            print_stats: false,
+            connect_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+fn invalid(name: &'static str, value: &str, why: impl ToString) -> ConfigError {
+    ConfigError::Invalid { name, value: value.to_string(), why: why.to_string() }
+}
+
+fn num<T: std::str::FromStr>(name: &'static str, v: &str) -> Result<T, ConfigError>
+where
+    T::Err: std::fmt::Display,
+{
+    v.trim().parse().map_err(|e| invalid(name, v, e))
+}
+
+/// Parses `1048576`, `64KiB`, `256MiB`, `1GiB` (also `K`, `M`, `G`, `KB`...: powers of 1024).
+pub fn parse_size(name: &'static str, v: &str) -> Result<usize, ConfigError> {
+    let t = v.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: usize = num(name, digits)?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        other => return Err(invalid(name, v, format!("unknown unit {other:?} (use KiB, MiB or GiB)"))),
+    };
+    n.checked_mul(1 << shift).ok_or_else(|| invalid(name, v, "too large"))
+}
+
+impl Config {
+    /// Reads the `TMK_*` variables, then the flags in `args` (without the program name).
+    /// Returns the configuration and the arguments it did not consume.
+    pub fn from_env_and_args(args: Vec<String>) -> Result<(Config, Vec<String>), ConfigError> {
+        let mut c = Config::default();
+        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        if let Some(v) = env("TMK_NPROCS") {
+            c.nprocs = num("TMK_NPROCS", &v)?;
+        }
+        if let Some(v) = env("TMK_RANK") {
+            c.role = Role::Member { rank: num("TMK_RANK", &v)? };
+        }
+        if let Some(v) = env("TMK_ROOT") {
+            c.root = Some(num("TMK_ROOT", &v)?);
+        }
+        if let Some(v) = env("TMK_HEAP_SIZE") {
+            c.heap_size = parse_size("TMK_HEAP_SIZE", &v)?;
+        }
+        if let Some(v) = env("TMK_HEAP_BASE") {
+            let hex = v.trim().trim_start_matches("0x");
+            c.heap_base = usize::from_str_radix(hex, 16).map_err(|e| invalid("TMK_HEAP_BASE", &v, e))?;
+        }
+        if let Some(v) = env("TMK_LOCKS") {
+            c.nlocks = num("TMK_LOCKS", &v)?;
+        }
+        if let Some(v) = env("TMK_BARRIERS") {
+            c.nbarriers = num("TMK_BARRIERS", &v)?;
+        }
+        if let Some(v) = env("TMK_STATS") {
+            c.print_stats = v != "0";
+        }
+        if let Some(v) = env("TMK_CONNECT_TIMEOUT") {
+            c.connect_timeout = Duration::from_secs(num("TMK_CONNECT_TIMEOUT", &v)?);
+        }
+        let mut rest = Vec::new();
+        let mut it = args.into_iter();
+        while let Some(a) = it.next() {
+            let (flag, inline) = match a.split_once('=') {
+                Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
+                _ => (a.clone(), None),
+            };
+            if !matches!(flag.as_str(), "-n" | "--nprocs" | "--rank" | "--root") {
+                rest.push(a);
+                continue;
+            }
+            let value = match inline.or_else(|| it.next()) {
+                Some(v) => v,
+                None => return Err(ConfigError::MissingValue { flag }),
+            };
+            match flag.as_str() {
+                "-n" | "--nprocs" => c.nprocs = num("--nprocs", &value)?,
+                "--rank" => c.role = Role::Member { rank: num("--rank", &value)? },
+                _ => c.root = Some(num("--root", &value)?),
+            }
+        }
+        c.validate()?;
+        Ok((c, rest))
+    }
+
+    /// Checks the settings against each other.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let n = self.nprocs.to_string();
+        if self.nprocs == 0 {
+            return Err(invalid("nprocs", &n, "a job needs at least one node"));
+        }
+        if let Role::Member { rank } = self.role {
+            if rank >= self.nprocs {
+                return Err(invalid("rank", &rank.to_string(), format!("the job has {} nodes", self.nprocs)));
+            }
+            if self.root.is_none() && self.nprocs > 1 {
+                return Err(invalid("TMK_ROOT", "", "a node joining a job must know where node 0 listens"));
+            }
+        }
+        if self.heap_size == 0 || self.heap_size % 4096 != 0 {
+            return Err(invalid(
+                "TMK_HEAP_SIZE",
+                &self.heap_size.to_string(),
+                "must be a non-zero multiple of 4 KiB",
+            ));
+        }
+        if self.heap_base % 4096 != 0 {
+            return Err(invalid("TMK_HEAP_BASE", &format!("{:#x}", self.heap_base), "must be page aligned"));
+        }
+        if self.nlocks == 0 || self.nbarriers == 0 {
+            return Err(invalid("TMK_LOCKS/TMK_BARRIERS", "0", "need at least one"));
+        }
+        Ok(())
+    }
+
+    /// What must be identical on every node of a job.
+    pub fn fingerprint(&self) -> String {
+        format!(
+            "nprocs={} heap={}@{:#x} locks={} barriers={} proto={}",
+            self.nprocs,
+            self.heap_size,
+            self.heap_base,
+            self.nlocks,
+            self.nbarriers,
+            env!("CARGO_PKG_VERSION")
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_units() {
+        assert_eq!(parse_size("x", "1MiB").unwrap(), 1 << 20);
+        assert_eq!(parse_size("x", "64 KiB").unwrap(), 64 << 10);
+        assert_eq!(parse_size("x", "4096").unwrap(), 4096);
+        let e = parse_size("TMK_HEAP_SIZE", "3 parsecs").unwrap_err().to_string();
+        assert!(e.contains("TMK_HEAP_SIZE") && e.contains("parsecs"), "{e}");
+    }
+
+    #[test]
+    fn flags_are_consumed_and_the_rest_is_left() {
+        let args = ["-n", "4", "--size", "100", "--root=127.0.0.1:9", "x"].map(String::from).to_vec();
+        let (c, rest) = Config::from_env_and_args(args).unwrap();
+        assert_eq!(c.nprocs, 4);
+        assert_eq!(c.root, Some("127.0.0.1:9".parse().unwrap()));
+        assert_eq!(rest, ["--size", "100", "x"]);
+        let e = Config::from_env_and_args(vec!["-n".into(), "zero".into()]).unwrap_err();
+        assert!(e.to_string().contains("zero"));
+    }
+}

@@ -1,0 +1,225 @@
+//! Handles to shared allocations and the application's views of them.
+//!
+//! A [`Shared<T>`] is a plain (offset, length) pair into the shared heap: `Copy`, `Pod`, the same
+//! on every node, so it can be distributed. A view ([`View`], [`ViewMut`]) is a `&[T]` /
+//! `&mut [T]` into the application view of the heap, created through a [`BorrowTracker`] that
+//! refuses a view overlapping a live mutable one (and a mutable view overlapping any live view),
+//! as `RefCell` does. Views borrow the node context immutably and every synchronization call
+//! takes it mutably, so no view lives across a lock, unlock or barrier: the compiler cannot keep
+//! a value from before the synchronization in a register after it.
+//!
+//! Why handing out references into DSM memory is sound here: the runtime changes the bytes of a
+//! page only while the application view of that page is inaccessible (an invalid page, whose
+//! first access faults and blocks the application thread until the page is up to date) or while
+//! the application thread is inside a synchronization call (when no view exists). So every load
+//! through a view returns the page's settled value, and bytes never change under a live read.
+//! `T: Pod` because other processes write these bytes: every bit pattern must be a valid `T`.
+
+use super::heap::Heap;
+use bytemuck::{Pod, Zeroable};
+use std::cell::RefCell;
+use std::marker::PhantomData;
+use std::ops::{Deref, DerefMut};
+
+/// A typed allocation in the shared heap: `Shared<[T]>` for an array, `Shared<T>` for one value.
+#[repr(C)]
+pub struct Shared<T: ?Sized + 'static> {
+    offset: u64,
+    len: u64,
+    _type: PhantomData<&'static T>,
+}
+
+impl<T: ?Sized> Clone for Shared<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T: ?Sized> Copy for Shared<T> {}
+
+impl<T: ?Sized> std::fmt::Debug for Shared<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Shared {{ offset: {:#x}, len: {} }}", self.offset, self.len)
+    }
+}
+
+// SAFETY: `Shared` is `repr(C)` with two `u64` fields and a zero-sized `PhantomData`: no padding,
+// every bit pattern is a valid value (a handle whose range is bad is refused when viewed, see
+// `BorrowTracker::range`), and all zeros is a valid (empty) handle.
+unsafe impl<T: ?Sized + 'static> Zeroable for Shared<T> {}
+// SAFETY: as above; `Shared<T>` is `Copy + 'static` for every `T: 'static`.
+unsafe impl<T: ?Sized + 'static> Pod for Shared<T> {}
+
+impl<T: ?Sized> Shared<T> {
+    /// Byte offset from the heap base.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+}
+
+impl<T> Shared<[T]> {
+    /// A handle to `len` elements at heap `offset` (as returned by the allocator).
+    pub fn from_raw_parts(offset: u64, len: u64) -> Self {
+        Shared { offset, len, _type: PhantomData }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    /// True for an empty array.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The sub-array `start..end`.
+    pub fn slice(&self, start: usize, end: usize) -> Shared<[T]> {
+        assert!(start <= end && end <= self.len(), "slice {start}..{end} of a {}-element array", self.len);
+        Shared::from_raw_parts(self.offset + (start * size_of::<T>()) as u64, (end - start) as u64)
+    }
+}
+
+impl<T> Shared<T> {
+    /// A handle to one value at heap `offset`.
+    pub fn from_offset(offset: u64) -> Self {
+        Shared { offset, len: 1, _type: PhantomData }
+    }
+
+    /// The same value as a one-element array.
+    pub fn as_array(&self) -> Shared<[T]> {
+        Shared::from_raw_parts(self.offset, 1)
+    }
+}
+
+/// A view that conflicts with a live one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ViewError {
+    #[error("bytes {start:#x}..{end:#x} of the heap are already borrowed{}", if *.mutably { " mutably" } else { "" })]
+    Borrowed { start: u64, end: u64, mutably: bool },
+    #[error(
+        "handle {offset:#x}+{bytes} bytes is outside the {heap_size}-byte heap or misaligned for its type"
+    )]
+    OutOfBounds { offset: u64, bytes: u64, heap_size: u64 },
+}
+
+/// Live views of one node's heap, by byte range.
+#[derive(Debug, Default)]
+pub struct BorrowTracker {
+    live: RefCell<Vec<(u64, u64, bool)>>,
+}
+
+impl BorrowTracker {
+    fn range<T>(&self, heap: &Heap, h: &Shared<[T]>) -> Result<(u64, u64), ViewError> {
+        let bytes = h.len.checked_mul(size_of::<T>() as u64);
+        let end = bytes.and_then(|b| h.offset.checked_add(b));
+        match end {
+            Some(end) if end <= heap.size() as u64 && h.offset % align_of::<T>() as u64 == 0 => {
+                Ok((h.offset, end))
+            }
+            _ => Err(ViewError::OutOfBounds {
+                offset: h.offset,
+                bytes: bytes.unwrap_or(u64::MAX),
+                heap_size: heap.size() as u64,
+            }),
+        }
+    }
+
+    fn enter(&self, start: u64, end: u64, mutable: bool) -> Result<(), ViewError> {
+        let mut live = self.live.borrow_mut();
+        if let Some(&(s, e, m)) = live.iter().find(|(s, e, m)| start < *e && *s < end && (mutable || *m)) {
+            return Err(ViewError::Borrowed { start: s.max(start), end: e.min(end), mutably: m });
+        }
+        live.push((start, end, mutable));
+        Ok(())
+    }
+
+    fn leave(&self, start: u64, end: u64, mutable: bool) {
+        let mut live = self.live.borrow_mut();
+        let i = live.iter().position(|&x| x == (start, end, mutable)).expect("view was registered");
+        live.swap_remove(i);
+    }
+
+    /// True if no view is alive.
+    pub fn is_idle(&self) -> bool {
+        self.live.borrow().is_empty()
+    }
+
+    /// A shared view of `h`.
+    pub fn view<'a, T: Pod>(&'a self, heap: &'a Heap, h: &Shared<[T]>) -> Result<View<'a, T>, ViewError> {
+        let (start, end) = self.range(heap, h)?;
+        self.enter(start, end, false)?;
+        let ptr = heap.app_base().wrapping_add(start as usize) as *const T;
+        // SAFETY: `range` checked that `start..end` lies inside the mapped application view and is
+        // aligned for `T`; `T: Pod` makes any bytes a valid `T`; the tracker guarantees no live
+        // `ViewMut` overlaps, and the runtime changes these bytes only while the pages are
+        // inaccessible or the application is inside a synchronization call (module docs), so the
+        // referenced bytes do not change while the view lives.
+        let slice = unsafe { std::slice::from_raw_parts(ptr, h.len()) };
+        Ok(View { slice, tracker: self, start, end })
+    }
+
+    /// A mutable view of `h`.
+    pub fn view_mut<'a, T: Pod>(
+        &'a self,
+        heap: &'a Heap,
+        h: &Shared<[T]>,
+    ) -> Result<ViewMut<'a, T>, ViewError> {
+        let (start, end) = self.range(heap, h)?;
+        self.enter(start, end, true)?;
+        let ptr = heap.app_base().wrapping_add(start as usize) as *mut T;
+        // SAFETY: as in `view`, and the tracker guarantees no other live view overlaps this one,
+        // so this is the only reference to these bytes in this process.
+        let slice = unsafe { std::slice::from_raw_parts_mut(ptr, h.len()) };
+        Ok(ViewMut { slice, tracker: self, start, end })
+    }
+}
+
+/// A shared view of a shared array; ends before the next synchronization call.
+#[derive(Debug)]
+pub struct View<'a, T> {
+    slice: &'a [T],
+    tracker: &'a BorrowTracker,
+    start: u64,
+    end: u64,
+}
+
+impl<T> Deref for View<'_, T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        self.slice
+    }
+}
+
+impl<T> Drop for View<'_, T> {
+    fn drop(&mut self) {
+        self.tracker.leave(self.start, self.end, false);
+    }
+}
+
+/// A mutable view of a shared array; ends before the next synchronization call.
+#[derive(Debug)]
+pub struct ViewMut<'a, T> {
+    slice: &'a mut [T],
+    tracker: &'a BorrowTracker,
+    start: u64,
+    end: u64,
+}
+
+impl<T> Deref for ViewMut<'_, T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        self.slice
+    }
+}
+
+impl<T> DerefMut for ViewMut<'_, T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        self.slice
+    }
+}
+
+impl<T> Drop for ViewMut<'_, T> {
+    fn drop(&mut self) {
+        self.tracker.leave(self.start, self.end, true);
+    }
+}

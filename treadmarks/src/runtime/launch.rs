@@ -1,0 +1,92 @@
+//! Starting a job on this machine: the first process is node 0 and spawns nodes `1..n` as copies
+//! of itself (same executable, same arguments) told their rank and node 0's address through the
+//! environment. Every spawned process is reaped: by [`Children::wait`] after an orderly exit, or
+//! killed and reaped on drop. A spawned node dies with its launcher (`PR_SET_PDEATHSIG`).
+
+use crate::error::{Error, Result};
+use crate::protocol::NodeId;
+use std::net::SocketAddr;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+/// Node processes this process spawned.
+#[derive(Debug, Default)]
+pub(crate) struct Children {
+    procs: Vec<(NodeId, Child)>,
+}
+
+impl Children {
+    /// Spawns nodes `1..nprocs`, meeting at `root`.
+    pub fn spawn(nprocs: u16, root: SocketAddr) -> Result<Children> {
+        let exe = std::env::current_exe().map_err(|source| Error::Spawn { node: NodeId(1), source })?;
+        let mut children = Children::default();
+        for rank in 1..nprocs {
+            let node = NodeId(rank);
+            let child = Command::new(&exe)
+                .args(std::env::args_os().skip(1))
+                .env("TMK_RANK", rank.to_string())
+                .env("TMK_NPROCS", nprocs.to_string())
+                .env("TMK_ROOT", root.to_string())
+                .env("TMK_LAUNCHER_PID", std::process::id().to_string())
+                .spawn()
+                .map_err(|source| Error::Spawn { node, source })?;
+            children.procs.push((node, child));
+        }
+        Ok(children)
+    }
+
+    /// Waits (at most `timeout`) for every node to exit; reports the first that failed.
+    pub fn wait(mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let mut first_error = None;
+        while !self.procs.is_empty() {
+            let mut i = 0;
+            while i < self.procs.len() {
+                match self.procs[i].1.try_wait() {
+                    Ok(Some(status)) => {
+                        let (node, _) = self.procs.swap_remove(i);
+                        if !status.success() && first_error.is_none() {
+                            first_error = Some(Error::NodeExited { node, status: status.to_string() });
+                        }
+                    }
+                    Ok(None) => i += 1,
+                    Err(e) => {
+                        let (node, _) = self.procs.swap_remove(i);
+                        first_error.get_or_insert(Error::NodeExited { node, status: e.to_string() });
+                    }
+                }
+            }
+            if Instant::now() > deadline {
+                let node = self.procs[0].0;
+                first_error
+                    .get_or_insert(Error::NodeExited { node, status: "no exit in time (killed)".into() });
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        drop(self);
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.procs {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// In a node spawned by a launcher: die with the launcher, even if it is killed.
+pub(crate) fn follow_launcher() {
+    let Some(pid) = std::env::var("TMK_LAUNCHER_PID").ok().and_then(|p| p.parse::<i32>().ok()) else {
+        return;
+    };
+    if nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).is_ok()
+        && nix::unistd::getppid().as_raw() != pid
+    {
+        eprintln!("treadmarks: the launcher (pid {pid}) is gone; exiting");
+        std::process::exit(1);
+    }
+}

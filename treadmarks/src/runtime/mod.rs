@@ -1,0 +1,124 @@
+//! The runtime: where the protocol core, the memory layer and the transport meet.
+//!
+//! ```text
+//!  application thread                         service thread (tokio, current-thread)
+//!  ──────────────────                         ──────────────────────────────────────
+//!  Tmk::lock / barrier / alloc ... ──cmd──►   Mailbox ─┐
+//!  page fault (signal handler) ──fault slot──► Doorbell ┼─► protocol::Node ──► Links (TCP)
+//!        blocks on the app eventfd ◄──wake──── replies ◄┘        ▲
+//!                                                        peers ──┘
+//! ```
+//! With one node there is nobody to talk to: the node runs on the application thread
+//! ([`Engine::Local`]) and nothing is protected, so nothing faults.
+
+#![forbid(unsafe_code)]
+
+pub(crate) mod launch;
+pub(crate) mod service;
+
+use crate::error::{Error, Result};
+use crate::mem::{Doorbell, HeapPages};
+use crate::protocol::{AppDone, BarrierId, LockId, Node, NodeId, ProtocolError};
+use crate::stats::Stats;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+/// An application request to the node.
+#[derive(Debug)]
+pub(crate) enum Command {
+    Acquire(LockId),
+    Release(LockId),
+    Barrier(BarrierId),
+    Alloc { bytes: u64, align: u64 },
+    Free(u64),
+    Distribute(Option<Vec<u8>>),
+    Exit,
+    Ping(NodeId),
+    Stats,
+}
+
+/// The answer to a [`Command`].
+#[derive(Debug)]
+pub(crate) enum Reply {
+    Done(AppDone),
+    Released,
+    Stats(Box<Stats>),
+}
+
+/// Starts `cmd` on `node`. Returns `Some` for a command that needs no completion (release);
+/// every other command completes through [`Node::poll_done`], possibly at once.
+pub(crate) fn start(
+    node: &mut Node<HeapPages>,
+    cmd: Command,
+) -> std::result::Result<Option<Reply>, ProtocolError> {
+    match cmd {
+        Command::Acquire(l) => node.request_acquire(l)?,
+        Command::Release(l) => {
+            node.request_release(l)?;
+            return Ok(Some(Reply::Released));
+        }
+        Command::Barrier(b) => node.request_barrier(b)?,
+        Command::Alloc { bytes, align } => node.request_alloc(bytes, align)?,
+        Command::Free(offset) => node.request_free(offset)?,
+        Command::Distribute(bytes) => node.request_distribute(bytes)?,
+        Command::Exit => node.request_exit()?,
+        Command::Ping(peer) => node.request_ping(peer)?,
+        Command::Stats => unreachable!("stats are answered by the engine"),
+    }
+    Ok(None)
+}
+
+/// The app-thread ↔ service-thread hand-off for commands (faults use the doorbell's slot).
+#[derive(Debug)]
+pub(crate) struct Mailbox {
+    pub command: Mutex<Option<Command>>,
+    pub reply: Mutex<Option<Result<Reply>>>,
+    pub doorbell: Arc<Doorbell>,
+}
+
+/// Where this node's protocol runs.
+#[derive(Debug)]
+pub(crate) enum Engine {
+    /// One-node job: on the application thread.
+    Local { node: Box<Node<HeapPages>>, stats: Stats },
+    /// On the service thread.
+    Remote { mailbox: Arc<Mailbox>, service: Option<JoinHandle<()>> },
+}
+
+impl Engine {
+    /// Runs `cmd` to completion.
+    pub fn call(&mut self, cmd: Command) -> Result<Reply> {
+        match self {
+            Engine::Local { node, stats } => {
+                if matches!(cmd, Command::Stats) {
+                    let mut s = stats.clone();
+                    s.protocol = node.stats().clone();
+                    return Ok(Reply::Stats(Box::new(s)));
+                }
+                let reply = start(node, cmd)?.or_else(|| node.poll_done().map(Reply::Done));
+                debug_assert!(node.poll_transmit().is_none(), "a one-node job sent a message");
+                Ok(reply.expect("a one-node job completes every request at once"))
+            }
+            Engine::Remote { mailbox, .. } => {
+                *mailbox.command.lock().expect("mailbox") = Some(cmd);
+                mailbox.doorbell.ring_service();
+                loop {
+                    mailbox.doorbell.wait_app();
+                    if let Some(reply) = mailbox.reply.lock().expect("mailbox").take() {
+                        return reply;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits for the service thread to finish (after exit).
+    pub fn join(&mut self) -> Result<()> {
+        if let Engine::Remote { service, .. } = self
+            && let Some(handle) = service.take()
+        {
+            handle.join().map_err(|_| Error::Failed("the service thread panicked".into()))?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,278 @@
+//! The service thread: owns the [`Node`] of a multi-node job and drives it from three sources —
+//! frames from peers, commands from the application, faults from the signal handler — on a
+//! current-thread tokio runtime (one thread: the two cores are shared with the application).
+//!
+//! Before every protocol step it drains the twins the fault handler made on its own, so the node
+//! knows every writable page before it closes an interval or serves a diff.
+//!
+//! Failure: a peer that dies, leaves early or sends garbage, or a protocol error, fails the job.
+//! The application gets an error from its pending or next call; if it is blocked in a page fault
+//! (where no error can be returned) the node prints why and exits with status 1; if it computes
+//! without calling into the runtime, the node exits the same way after a grace period.
+
+use super::{Command, Mailbox, Reply, start};
+use crate::error::Error;
+use crate::mem::{FaultKind, Heap, HeapPages, register_service_fd};
+use crate::protocol::{AppDone, Message, Node, NodeId};
+use crate::stats::Stats;
+use crate::transport::{CloseCause, LinkEvent, Links, Mesh, codec};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// How long a node whose job failed waits for its application to notice before exiting.
+const GRACE: Duration = Duration::from_secs(3);
+/// How long an exiting node waits for its peers' goodbyes.
+const GOODBYE_WAIT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum App {
+    Running,
+    InFault(Instant),
+    InCommand,
+}
+
+struct Service {
+    node: Node<HeapPages>,
+    heap: Arc<Heap>,
+    mailbox: Arc<Mailbox>,
+    links: Links,
+    stats: Stats,
+    app: App,
+    failed: Option<String>,
+    exiting: bool,
+    exited: bool,
+    open: Vec<bool>,
+}
+
+/// Starts the service thread for `node` over `mesh`; returns once its links are up.
+pub(crate) fn spawn(
+    node: Node<HeapPages>,
+    heap: Arc<Heap>,
+    mailbox: Arc<Mailbox>,
+    mesh: Mesh,
+) -> crate::Result<std::thread::JoinHandle<()>> {
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let name = format!("tmk-service-{}", node.id().0);
+    let handle = std::thread::Builder::new()
+        .name(name)
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => return drop(ready_tx.send(Err(Error::Failed(format!("cannot start tokio: {e}"))))),
+            };
+            rt.block_on(async move {
+                let (tx, rx) = mpsc::unbounded_channel();
+                let links = match Links::start(mesh, tx) {
+                    Ok(links) => links,
+                    Err(e) => return drop(ready_tx.send(Err(e.into()))),
+                };
+                let (me, nprocs) = (node.id(), node.nprocs());
+                let svc = Service {
+                    node,
+                    heap,
+                    mailbox,
+                    links,
+                    stats: Stats::new(me, nprocs as u16),
+                    app: App::Running,
+                    failed: None,
+                    exiting: false,
+                    exited: false,
+                    open: (0..nprocs).map(|n| n != me.idx()).collect(),
+                };
+                let _ = ready_tx.send(Ok(()));
+                svc.run(rx).await;
+            });
+        })
+        .map_err(|e| Error::Failed(format!("cannot start the service thread: {e}")))?;
+    match ready_rx.recv() {
+        Ok(Ok(())) => Ok(handle),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(Error::Failed("the service thread died while starting".into())),
+    }
+}
+
+impl Service {
+    async fn run(mut self, mut events: mpsc::UnboundedReceiver<LinkEvent>) {
+        let doorbell = register_service_fd(self.mailbox.doorbell.clone())
+            .expect("register the doorbell eventfd with tokio");
+        let mut deadline: Option<tokio::time::Instant> = None;
+        while !self.exited {
+            tokio::select! {
+                ev = events.recv() => match ev {
+                    Some(ev) => self.on_link(ev),
+                    None => self.fail("all connections are gone".into()),
+                },
+                ready = doorbell.readable() => {
+                    if let Ok(mut guard) = ready {
+                        guard.clear_ready();
+                    }
+                    self.mailbox.doorbell.clear_service();
+                    self.on_doorbell();
+                }
+                _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
+                    let why = self.failed.clone().unwrap_or_default();
+                    eprintln!("treadmarks: {}: exiting: {why}", self.node.id());
+                    std::process::exit(1);
+                }
+            }
+            self.pump();
+            if self.failed.is_some() && deadline.is_none() {
+                deadline = Some(tokio::time::Instant::now() + GRACE);
+            }
+        }
+        // Orderly close: say goodbye, then wait (bounded) until every peer has said it too, so no
+        // socket is closed with unread data (which would reset the peer's connection).
+        self.links.goodbye();
+        let _ = tokio::time::timeout(GOODBYE_WAIT, async {
+            while self.open.iter().any(|&o| o) {
+                match events.recv().await {
+                    Some(LinkEvent::Closed { from, .. }) => self.open[from.idx()] = false,
+                    Some(LinkEvent::Frame { .. }) => {}
+                    None => break,
+                }
+            }
+        })
+        .await;
+        self.links.flush_and_close().await;
+    }
+
+    fn drain_twins(&mut self) {
+        let node = &mut self.node;
+        self.heap.drain_fast_twins(|p| node.handle_twin_made(p));
+    }
+
+    fn on_link(&mut self, ev: LinkEvent) {
+        match ev {
+            LinkEvent::Frame { from, payload } => {
+                if self.failed.is_some() {
+                    return;
+                }
+                let msg: Message = match codec::decode_payload(&payload) {
+                    Ok(m) => m,
+                    Err(e) => return self.fail(format!("malformed message from {from}: {e}")),
+                };
+                self.stats.count_received(from, msg.kind(), payload.len() + 4);
+                self.drain_twins();
+                if let Err(e) = self.node.handle_message(from, msg) {
+                    self.fail(format!("protocol error on a message from {from}: {e}"));
+                }
+            }
+            LinkEvent::Closed { from, cause } => {
+                self.open[from.idx()] = false;
+                let why = match cause {
+                    CloseCause::Goodbye if self.exiting => return,
+                    _ if self.exited => return,
+                    CloseCause::Goodbye => "left the job before this node finished".to_string(),
+                    CloseCause::Eof => {
+                        "closed its connection without saying goodbye (it died or was killed)".into()
+                    }
+                    CloseCause::Error(e) => format!("connection failed: {e}"),
+                    CloseCause::Malformed(e) => format!("sent a malformed frame: {e}"),
+                };
+                self.fail(format!("{from} {why}"));
+            }
+        }
+    }
+
+    fn on_doorbell(&mut self) {
+        if let Some((page, kind)) = self.mailbox.doorbell.take_fault() {
+            self.app = App::InFault(Instant::now());
+            if let Some(why) = &self.failed {
+                fault_exit(self.node.id(), why);
+            }
+            self.drain_twins();
+            if let Err(e) = self.node.handle_fault(page, kind == FaultKind::Write) {
+                self.fail(format!("page fault on {page}: {e}"));
+            }
+        }
+        let cmd = self.mailbox.command.lock().expect("mailbox").take();
+        if let Some(cmd) = cmd {
+            self.app = App::InCommand;
+            if let Some(why) = &self.failed {
+                return self.reply(Err(Error::Failed(why.clone())));
+            }
+            match cmd {
+                Command::Stats => {
+                    let s = self.snapshot();
+                    self.reply(Ok(Reply::Stats(Box::new(s))));
+                }
+                cmd => {
+                    self.exiting |= matches!(cmd, Command::Exit);
+                    self.drain_twins();
+                    match start(&mut self.node, cmd) {
+                        Ok(Some(r)) => self.reply(Ok(r)),
+                        Ok(None) => {}
+                        Err(e) => self.reply(Err(e.into())),
+                    }
+                }
+            }
+        }
+    }
+
+    fn snapshot(&self) -> Stats {
+        let mut s = self.stats.clone();
+        s.protocol = self.node.stats().clone();
+        let c = self.heap.counters();
+        s.fast_write_faults = c.fast_write_faults;
+        s.fault_handoffs = c.handoffs;
+        s
+    }
+
+    /// Sends what the node wants sent and hands completions to the application.
+    fn pump(&mut self) {
+        while let Some((to, msg)) = self.node.poll_transmit() {
+            let mut frame = Vec::new();
+            let sent = codec::encode_frame(&msg, &mut frame).map_err(|e| e.to_string()).and_then(|n| {
+                self.stats.count_sent(to, msg.kind(), n);
+                self.links.send(to, frame).map_err(|e| e.to_string())
+            });
+            if let Err(e) = sent {
+                self.fail(format!("cannot send {:?} to {to}: {e}", msg.kind()));
+            }
+        }
+        while let Some(done) = self.node.poll_done() {
+            match done {
+                AppDone::FaultResolved(_) => {
+                    if let App::InFault(t) = self.app {
+                        self.stats.miss_wait += t.elapsed();
+                    }
+                    self.app = App::Running;
+                    self.mailbox.doorbell.wake_app();
+                }
+                AppDone::Exited => {
+                    self.exited = true;
+                    self.reply(Ok(Reply::Done(AppDone::Exited)));
+                }
+                other => self.reply(Ok(Reply::Done(other))),
+            }
+        }
+    }
+
+    fn reply(&mut self, r: crate::Result<Reply>) {
+        *self.mailbox.reply.lock().expect("mailbox") = Some(r);
+        self.app = App::Running;
+        self.mailbox.doorbell.wake_app();
+    }
+
+    fn fail(&mut self, why: String) {
+        if self.failed.is_some() {
+            return;
+        }
+        eprintln!("treadmarks: {}: job failed: {why}", self.node.id());
+        match self.app {
+            App::InFault(_) => fault_exit(self.node.id(), &why),
+            App::InCommand => self.reply(Err(Error::Failed(why.clone()))),
+            App::Running => {}
+        }
+        self.failed = Some(why);
+    }
+}
+
+/// The application thread is blocked in a page fault, where no error can be returned.
+fn fault_exit(me: NodeId, why: &str) -> ! {
+    eprintln!(
+        "treadmarks: {me}: the application is blocked in a page fault and the job failed ({why}); exiting"
+    );
+    std::process::exit(1);
+}

@@ -1,0 +1,150 @@
+//! Per-node statistics: the protocol's counters, the fault handler's, messages and bytes by type
+//! and by peer, and time spent waiting. `TMK_STATS=1` prints them at exit; [`crate::Tmk::stats`]
+//! returns them.
+
+#![forbid(unsafe_code)]
+
+use crate::protocol::{MsgKind, NodeId, ProtocolStats};
+use std::fmt;
+use std::time::Duration;
+
+/// Messages and bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Traffic {
+    pub msgs: u64,
+    pub bytes: u64,
+}
+
+impl Traffic {
+    pub(crate) fn add(&mut self, bytes: usize) {
+        self.msgs += 1;
+        self.bytes += bytes as u64;
+    }
+}
+
+/// Statistics of one node.
+#[derive(Clone, Debug, Default)]
+pub struct Stats {
+    pub node: NodeId,
+    pub nprocs: u16,
+    pub protocol: ProtocolStats,
+    /// Write faults the signal handler resolved by itself (twin + unprotect).
+    pub fast_write_faults: u64,
+    /// Faults handed to the runtime (misses and slow-path write faults).
+    pub fault_handoffs: u64,
+    /// Sent and received, by message kind (indexed like [`MsgKind::ALL`]).
+    pub sent_by_kind: Vec<Traffic>,
+    pub received_by_kind: Vec<Traffic>,
+    /// Sent and received, by peer.
+    pub sent_to: Vec<Traffic>,
+    pub received_from: Vec<Traffic>,
+    /// Time the application spent in lock acquires, barriers and access misses.
+    pub lock_wait: Duration,
+    pub barrier_wait: Duration,
+    pub miss_wait: Duration,
+}
+
+impl Stats {
+    pub(crate) fn new(node: NodeId, nprocs: u16) -> Self {
+        let n = nprocs as usize;
+        Stats {
+            node,
+            nprocs,
+            sent_by_kind: vec![Traffic::default(); MsgKind::ALL.len()],
+            received_by_kind: vec![Traffic::default(); MsgKind::ALL.len()],
+            sent_to: vec![Traffic::default(); n],
+            received_from: vec![Traffic::default(); n],
+            ..Stats::default()
+        }
+    }
+
+    /// Everything sent.
+    pub fn sent(&self) -> Traffic {
+        self.sent_by_kind
+            .iter()
+            .fold(Traffic::default(), |a, t| Traffic { msgs: a.msgs + t.msgs, bytes: a.bytes + t.bytes })
+    }
+
+    pub(crate) fn count_sent(&mut self, to: NodeId, kind: MsgKind, bytes: usize) {
+        self.sent_by_kind[kind as usize].add(bytes);
+        self.sent_to[to.idx()].add(bytes);
+    }
+
+    pub(crate) fn count_received(&mut self, from: NodeId, kind: MsgKind, bytes: usize) {
+        self.received_by_kind[kind as usize].add(bytes);
+        self.received_from[from.idx()].add(bytes);
+    }
+}
+
+impl fmt::Display for Stats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let p = &self.protocol;
+        writeln!(f, "treadmarks statistics, {} of {}", self.node, self.nprocs)?;
+        writeln!(
+            f,
+            "  faults: {} write (fast path) + {} handed to the runtime ({} read misses, {} slow write faults)",
+            self.fast_write_faults, self.fault_handoffs, p.read_misses, p.write_faults
+        )?;
+        writeln!(
+            f,
+            "  twins: {}   diffs created: {} ({} B)   diffs applied: {} ({} B)",
+            p.twins + p.fast_twins,
+            p.diffs_created,
+            p.diff_bytes_created,
+            p.diffs_applied,
+            p.diff_bytes_applied
+        )?;
+        writeln!(
+            f,
+            "  intervals: {} closed, {} incorporated   write notices: {} made, {} received   invalidations: {}",
+            p.intervals,
+            p.intervals_incorporated,
+            p.write_notices_made,
+            p.write_notices_received,
+            p.invalidations
+        )?;
+        writeln!(
+            f,
+            "  locks: {} local, {} remote, wait {:.3} ms   barriers: {}, wait {:.3} ms   miss wait {:.3} ms",
+            p.lock_acquires_local,
+            p.lock_acquires_remote,
+            ms(self.lock_wait),
+            p.barriers,
+            ms(self.barrier_wait),
+            ms(self.miss_wait)
+        )?;
+        writeln!(f, "  {:<16} {:>10} {:>12} {:>10} {:>12}", "message", "sent", "bytes", "received", "bytes")?;
+        for (i, k) in MsgKind::ALL.iter().enumerate() {
+            let (s, r) = (self.sent_by_kind[i], self.received_by_kind[i]);
+            if s.msgs + r.msgs > 0 {
+                writeln!(
+                    f,
+                    "  {:<16} {:>10} {:>12} {:>10} {:>12}",
+                    k.name(),
+                    s.msgs,
+                    s.bytes,
+                    r.msgs,
+                    r.bytes
+                )?;
+            }
+        }
+        for (n, (s, r)) in self.sent_to.iter().zip(&self.received_from).enumerate() {
+            if s.msgs + r.msgs > 0 {
+                writeln!(
+                    f,
+                    "  {:<16} {:>10} {:>12} {:>10} {:>12}",
+                    format!("peer node {n}"),
+                    s.msgs,
+                    s.bytes,
+                    r.msgs,
+                    r.bytes
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}

@@ -1,0 +1,366 @@
+//! The application's handle on the job: [`Tmk`].
+//!
+//! ```no_run
+//! use treadmarks::{Shared, Tmk};
+//!
+//! fn main() -> treadmarks::Result<()> {
+//!     // `prog -n 4` starts four nodes on this machine; each runs this same `main`.
+//!     let mut tmk = Tmk::startup()?;
+//!     let mut counter: Shared<[u64]> = Shared::from_raw_parts(0, 0);
+//!     if tmk.proc_id() == 0 {
+//!         counter = tmk.alloc::<u64>(1)?;
+//!     }
+//!     tmk.distribute(&mut counter)?; // every node now has node 0's handle
+//!     for _ in 0..1000 {
+//!         let g = tmk.lock(0)?; // the guard releases on drop
+//!         g.view_mut(&counter)?[0] += 1;
+//!     }
+//!     tmk.barrier(0)?;
+//!     assert_eq!(tmk.view(&counter)?[0], 1000 * tmk.nprocs() as u64);
+//!     tmk.exit()
+//! }
+//! ```
+//!
+//! # The rules
+//! - One application thread per node touches the shared heap: the thread that called
+//!   [`Tmk::startup`]. A fault from any other thread aborts the process with a message.
+//!   (Threads inside a node come later.)
+//! - Views ([`Tmk::view`], [`Tmk::view_mut`]) borrow the `Tmk` immutably, and every
+//!   synchronization call (`lock`, `unlock`, `barrier`, `exit`) takes it mutably, so a view cannot
+//!   outlive the next synchronization and the compiler cannot reuse a value loaded before it.
+//!   Overlapping views follow `RefCell` rules, checked at run time ([`Error::Borrowed`]).
+//! - A [`LockGuard`] derefs to the `Tmk`: inside a critical section, use the guard.
+//! - Only `bytemuck::Pod` types live in the heap or are distributed: other processes write their
+//!   bytes, so every bit pattern must be valid.
+//! - TreadMarks-style code can take raw pointers ([`Tmk::ptr`]); dereferencing them is the
+//!   caller's `unsafe`, under the same rule: no reference derived from one may be held across a
+//!   synchronization call.
+//! - System calls that write into the shared heap (`read(2)` into a shared buffer, say) fail with
+//!   `EFAULT` when the page is protected, instead of faulting: read into private memory and copy.
+
+#![forbid(unsafe_code)]
+
+use crate::config::{Config, Role};
+use crate::error::{Error, Result};
+use crate::mem::{BorrowTracker, Doorbell, FaultHandler, Heap, HeapLayout, HeapPages, Shared, View, ViewMut};
+use crate::protocol::{AppDone, BarrierId, LockId, Node, NodeConfig, NodeId};
+use crate::runtime::launch::{self, Children};
+use crate::runtime::{Command, Engine, Mailbox, Reply, service};
+use crate::stats::Stats;
+use crate::transport::{MeshConfig, connect_mesh};
+use bytemuck::Pod;
+use std::net::{SocketAddr, TcpListener};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// One node's handle on the job.
+#[derive(Debug)]
+pub struct Tmk {
+    me: NodeId,
+    nprocs: u16,
+    args: Vec<String>,
+    print_stats: bool,
+    // Field order is drop order: stop the runtime, then the fault handler, then the heap.
+    engine: Engine,
+    children: Option<Children>,
+    borrows: BorrowTracker,
+    lock_wait: Duration,
+    barrier_wait: Duration,
+    exited: bool,
+    _faults: Option<FaultHandler>,
+    heap: Arc<Heap>,
+}
+
+impl Tmk {
+    /// Starts this node: reads the configuration from `TMK_*` variables and `-n`/`--rank`/
+    /// `--root` flags (see [`crate::config`]), spawns the other nodes if this process starts the
+    /// job, maps the heap and meets the other nodes. Other arguments are in [`Tmk::args`].
+    pub fn startup() -> Result<Tmk> {
+        let (config, rest) = Config::from_env_and_args(std::env::args().skip(1).collect())?;
+        Tmk::startup_with(config, rest)
+    }
+
+    /// Starts this node with an explicit configuration.
+    pub fn startup_with(config: Config, args: Vec<String>) -> Result<Tmk> {
+        config.validate()?;
+        let n = config.nprocs;
+        let me = match config.role {
+            Role::Launcher => NodeId(0),
+            Role::Member { rank } => NodeId(rank),
+        };
+        launch::follow_launcher();
+        let heap = Heap::map(HeapLayout { base: config.heap_base, size: config.heap_size, protect: n > 1 })?;
+        let node_cfg = NodeConfig {
+            me,
+            nprocs: n,
+            nlocks: config.nlocks,
+            nbarriers: config.nbarriers,
+            heap_size: config.heap_size as u64,
+        };
+        let node = Node::new(node_cfg, HeapPages(heap.clone()));
+        let mut children = None;
+        let (engine, faults) = if n == 1 {
+            (Engine::Local { node: Box::new(node), stats: Stats::new(me, 1) }, None)
+        } else {
+            let (listener, root) = match config.role {
+                Role::Launcher => {
+                    let want = config.root.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)));
+                    let l = TcpListener::bind(want)
+                        .map_err(|e| Error::Failed(format!("cannot listen on {want}: {e}")))?;
+                    let addr = l.local_addr().map_err(|e| Error::Failed(e.to_string()))?;
+                    children = Some(Children::spawn(n, addr)?);
+                    (Some(l), addr)
+                }
+                Role::Member { .. } => (None, config.root.expect("validated: members know the root")),
+            };
+            let doorbell = Doorbell::new()?;
+            let faults = FaultHandler::install(heap.clone(), doorbell.clone())?;
+            let mesh_cfg = MeshConfig {
+                nprocs: n,
+                rank: me,
+                root,
+                fingerprint: config.fingerprint(),
+                timeout: config.connect_timeout,
+            };
+            let mesh = connect_mesh(&mesh_cfg, listener)?;
+            let mailbox = Arc::new(Mailbox { command: Mutex::new(None), reply: Mutex::new(None), doorbell });
+            let handle = service::spawn(node, heap.clone(), mailbox.clone(), mesh)?;
+            (Engine::Remote { mailbox, service: Some(handle) }, Some(faults))
+        };
+        Ok(Tmk {
+            me,
+            nprocs: n,
+            args,
+            print_stats: config.print_stats,
+            engine,
+            children,
+            borrows: BorrowTracker::default(),
+            lock_wait: Duration::ZERO,
+            barrier_wait: Duration::ZERO,
+            exited: false,
+            _faults: faults,
+            heap,
+        })
+    }
+
+    /// This node's rank, `0..nprocs()` (TreadMarks' `Tmk_proc_id`).
+    pub fn proc_id(&self) -> usize {
+        self.me.idx()
+    }
+
+    /// Number of nodes (TreadMarks' `Tmk_nprocs`).
+    pub fn nprocs(&self) -> usize {
+        self.nprocs as usize
+    }
+
+    /// Command-line arguments the runtime did not consume.
+    pub fn args(&self) -> &[String] {
+        &self.args
+    }
+
+    fn call(&mut self, cmd: Command) -> Result<Reply> {
+        self.engine.call(cmd)
+    }
+
+    fn done(&mut self, cmd: Command) -> Result<AppDone> {
+        match self.call(cmd)? {
+            Reply::Done(d) => Ok(d),
+            other => unreachable!("command answered with {other:?}"),
+        }
+    }
+
+    /// Allocates a shared array of `len` zero-or-stale `T`s (TreadMarks' `Tmk_malloc`): memory
+    /// freed earlier is not cleared. Any node may allocate; node 0 keeps the allocator.
+    pub fn alloc<T: Pod>(&mut self, len: usize) -> Result<Shared<[T]>> {
+        self.alloc_aligned(len, align_of::<T>().max(8))
+    }
+
+    /// Like [`Tmk::alloc`], starting on a page boundary (no false sharing with other data).
+    pub fn alloc_pages<T: Pod>(&mut self, len: usize) -> Result<Shared<[T]>> {
+        self.alloc_aligned(len, self.heap.page_size())
+    }
+
+    /// Like [`Tmk::alloc`], aligned to `align` bytes (a power of two).
+    pub fn alloc_aligned<T: Pod>(&mut self, len: usize, align: usize) -> Result<Shared<[T]>> {
+        let bytes =
+            len.checked_mul(size_of::<T>()).ok_or(Error::TooLarge { count: len, size: size_of::<T>() })?;
+        let align = align.max(align_of::<T>());
+        match self.done(Command::Alloc { bytes: bytes.max(1) as u64, align: align as u64 })? {
+            AppDone::Allocated(r) => {
+                Ok(Shared::from_raw_parts(r.map_err(crate::protocol::ProtocolError::from)?, len as u64))
+            }
+            other => unreachable!("alloc answered with {other:?}"),
+        }
+    }
+
+    /// Allocates one shared `T`.
+    pub fn alloc_value<T: Pod>(&mut self) -> Result<Shared<T>> {
+        Ok(Shared::from_offset(self.alloc::<T>(1)?.offset()))
+    }
+
+    /// Frees an allocation (TreadMarks' `Tmk_free`).
+    pub fn free<T: ?Sized>(&mut self, h: Shared<T>) -> Result<()> {
+        match self.done(Command::Free(h.offset()))? {
+            AppDone::Freed(r) => Ok(r.map_err(crate::protocol::ProtocolError::from)?),
+            other => unreachable!("free answered with {other:?}"),
+        }
+    }
+
+    /// Collective: every node calls it; afterwards every node's `value` is node 0's
+    /// (TreadMarks' `Tmk_distribute`). Handles ([`Shared`]) are `Pod` and can be distributed.
+    pub fn distribute<T: Pod>(&mut self, value: &mut T) -> Result<()> {
+        let mine = (self.me == NodeId(0)).then(|| bytemuck::bytes_of(value).to_vec());
+        match self.done(Command::Distribute(mine))? {
+            AppDone::Distributed(bytes) => {
+                let got: T = bytemuck::try_pod_read_unaligned(&bytes)
+                    .map_err(|_| Error::DistributeSize { got: bytes.len(), want: size_of::<T>() })?;
+                *value = got;
+                Ok(())
+            }
+            other => unreachable!("distribute answered with {other:?}"),
+        }
+    }
+
+    /// Acquires lock `id`; the guard releases it when dropped.
+    pub fn lock(&mut self, id: u32) -> Result<LockGuard<'_>> {
+        self.lock_acquire(id)?;
+        Ok(LockGuard { tmk: self, lock: id, released: false })
+    }
+
+    /// Acquires lock `id` (TreadMarks' `Tmk_lock_acquire`).
+    pub fn lock_acquire(&mut self, id: u32) -> Result<()> {
+        let t = Instant::now();
+        let r = self.done(Command::Acquire(LockId(id)));
+        self.lock_wait += t.elapsed();
+        r.map(drop)
+    }
+
+    /// Releases lock `id` (TreadMarks' `Tmk_lock_release`).
+    pub fn lock_release(&mut self, id: u32) -> Result<()> {
+        self.call(Command::Release(LockId(id))).map(drop)
+    }
+
+    /// Waits until every node has arrived at barrier `id` (TreadMarks' `Tmk_barrier`).
+    pub fn barrier(&mut self, id: u32) -> Result<()> {
+        let t = Instant::now();
+        let r = self.done(Command::Barrier(BarrierId(id)));
+        self.barrier_wait += t.elapsed();
+        r.map(drop)
+    }
+
+    /// Round trip to node `peer` through both runtimes (for measurements).
+    pub fn ping(&mut self, peer: usize) -> Result<()> {
+        self.done(Command::Ping(NodeId(peer as u16))).map(drop)
+    }
+
+    /// A view of a shared array. See the module docs for the borrowing rules.
+    pub fn view<T: Pod>(&self, h: &Shared<[T]>) -> Result<View<'_, T>> {
+        self.borrows.view(&self.heap, h).map_err(Error::from)
+    }
+
+    /// A mutable view of a shared array.
+    pub fn view_mut<T: Pod>(&self, h: &Shared<[T]>) -> Result<ViewMut<'_, T>> {
+        self.borrows.view_mut(&self.heap, h).map_err(Error::from)
+    }
+
+    /// Reads a shared value.
+    pub fn get<T: Pod>(&self, h: &Shared<T>) -> Result<T> {
+        Ok(self.view(&h.as_array())?[0])
+    }
+
+    /// Writes a shared value.
+    pub fn set<T: Pod>(&self, h: &Shared<T>, value: T) -> Result<()> {
+        self.view_mut(&h.as_array())?[0] = value;
+        Ok(())
+    }
+
+    /// Raw pointer to the first element, for TreadMarks-style code. Dereferencing it is the
+    /// caller's `unsafe`; see the module docs for the rules.
+    pub fn ptr<T>(&self, h: &Shared<[T]>) -> *mut T {
+        self.heap.app_base().wrapping_add(h.offset() as usize).cast()
+    }
+
+    /// This node's statistics so far.
+    pub fn stats(&mut self) -> Result<Stats> {
+        match self.call(Command::Stats)? {
+            Reply::Stats(mut s) => {
+                s.lock_wait = self.lock_wait;
+                s.barrier_wait = self.barrier_wait;
+                Ok(*s)
+            }
+            other => unreachable!("stats answered with {other:?}"),
+        }
+    }
+
+    /// Orderly end of the job: waits until every node has called `exit`, prints statistics if
+    /// asked (`TMK_STATS=1`), and on node 0 of a local job reaps the other nodes, reporting any
+    /// that failed.
+    pub fn exit(mut self) -> Result<()> {
+        self.exit_inner().map(drop)
+    }
+
+    /// Like [`Tmk::exit`], returning this node's final statistics.
+    pub fn exit_with_stats(mut self) -> Result<Stats> {
+        self.exit_inner()
+    }
+
+    fn exit_inner(&mut self) -> Result<Stats> {
+        let stats = self.stats()?;
+        self.done(Command::Exit)?;
+        self.exited = true;
+        self.engine.join()?;
+        if self.print_stats {
+            eprint!("{stats}");
+        }
+        if let Some(children) = self.children.take() {
+            children.wait(Duration::from_secs(30))?;
+        }
+        Ok(stats)
+    }
+}
+
+impl From<crate::mem::ViewError> for Error {
+    fn from(e: crate::mem::ViewError) -> Self {
+        Error::View(e)
+    }
+}
+
+/// A held lock; dropping it releases the lock. Derefs to the [`Tmk`].
+#[derive(Debug)]
+pub struct LockGuard<'a> {
+    tmk: &'a mut Tmk,
+    lock: u32,
+    released: bool,
+}
+
+impl LockGuard<'_> {
+    /// Releases the lock, returning any error (dropping the guard releases too, but can only
+    /// report an error by failing the job on the next call).
+    pub fn unlock(mut self) -> Result<()> {
+        self.released = true;
+        self.tmk.lock_release(self.lock)
+    }
+}
+
+impl std::ops::Deref for LockGuard<'_> {
+    type Target = Tmk;
+    fn deref(&self) -> &Tmk {
+        self.tmk
+    }
+}
+
+impl std::ops::DerefMut for LockGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Tmk {
+        self.tmk
+    }
+}
+
+impl Drop for LockGuard<'_> {
+    fn drop(&mut self) {
+        if !self.released
+            && let Err(e) = self.tmk.lock_release(self.lock)
+        {
+            eprintln!("treadmarks: {}: release of lock {} failed: {e}", self.tmk.me, self.lock);
+        }
+    }
+}
