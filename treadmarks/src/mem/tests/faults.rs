@@ -242,7 +242,7 @@ fn revoke_while_the_application_writes_loses_nothing() {
             // deadline; the assertion below then fails instead of hanging).
             let raced = || heap.counters().fast_write_faults >= RACES;
             while i < (ROUNDS * WORDS) as u64
-                || (i % WORDS as u64 != 0 || !raced()) && Instant::now() < deadline
+                || (i & (WORDS as u64 - 1) != 0 || !raced()) && Instant::now() < deadline
             {
                 // SAFETY: word (i % WORDS) of page 1 of the application view; a write to the
                 // read-only page faults and the fast path makes it writable.
