@@ -38,9 +38,9 @@
 //! `BUSY`: a transition is in progress and only the thread that CASed the page to `BUSY` may store
 //! the next state. Owners of `BUSY`:
 //! - the signal handler on the application thread: `READ_ONLY → BUSY → READ_WRITE` (fast path);
-//! - [`HeapPages::set_access`] on the service thread: any stable state `→ BUSY →` the new one,
+//! - `HeapPages::set_access` on the service thread: any stable state `→ BUSY →` the new one,
 //!   with one `mprotect` for the whole run in between;
-//! - [`HeapPages::make_twin`]: `s → BUSY → s` around the copy, so the handler cannot twin the
+//! - `HeapPages::make_twin`: `s → BUSY → s` around the copy, so the handler cannot twin the
 //!   same page at the same time.
 //!
 //! Nobody waits on the application thread while holding `BUSY`, so it is always released in

@@ -15,7 +15,7 @@ use crate::protocol::memory::{Access, PageMemory};
 
 /// [`PageMemory`] over a real [`Heap`]. Create exactly one per heap, owned by the service thread:
 /// two of them could hand out aliasing `&mut` slices of one page.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct HeapPages(pub Arc<Heap>);
 
 impl HeapPages {
