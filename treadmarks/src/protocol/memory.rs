@@ -6,7 +6,10 @@
 //!
 //! # The page-sharing rule (checked by both implementations)
 //! - [`PageMemory::page`] and [`PageMemory::make_twin`] read a page's bytes: only while the
-//!   application view of that page is not writable (`access != ReadWrite`).
+//!   application cannot write them. That means `access == None`, or `Read` while the application
+//!   thread is blocked (in a fault on that page, or in a synchronization call): a `Read` page of
+//!   a running application can become writable at any moment through the fault handler's fast
+//!   path, which also overwrites the twin. [`VecMemory`] can only check `access != ReadWrite`.
 //! - [`PageMemory::page_mut`] writes them: only while the application has no access (`None`).
 //!   The application thread is then either inside a synchronization call or blocked in a fault on
 //!   that very page, so it cannot observe a half-applied diff.

@@ -317,7 +317,7 @@ impl<M: PageMemory> Node<M> {
         for rec in recs {
             for &p in &rec.pages {
                 if self.pages[p.idx()].twin.is_some() {
-                    self.cut_twin(p);
+                    self.cut_twin(p, Access::None);
                 }
                 let w = self.pages[p.idx()].writer(rec.node, n);
                 w.noticed = w.noticed.max(rec.index);

@@ -98,15 +98,23 @@ impl<M: PageMemory> Node<M> {
         self.stats.twins += 1;
     }
 
-    /// Makes a diff from the twin and drops the twin, leaving the page valid and read-only.
-    /// The page-sharing rule: write access is revoked *before* the page is read.
-    pub(crate) fn cut_twin(&mut self, p: PageIdx) {
+    /// Makes a diff from the twin and drops the twin; the page ends with protection `then`
+    /// (`Read` when serving a request, `None` when a write notice invalidates it anyway).
+    ///
+    /// The page-sharing rule: all access is revoked *before* the twin and page are read. Revoking
+    /// only write access would not do: a write in that window would take the fault handler's fast
+    /// path, which makes a fresh twin over the one this diff needs. With no access, the write
+    /// faults into the slow path and waits for the service thread, which finishes the diff first.
+    pub(crate) fn cut_twin(&mut self, p: PageIdx, then: Access) {
         let Some(first) = self.pages[p.idx()].twin.take() else { return };
         self.twinned.remove(&p);
-        if self.mem.access(p) == Access::ReadWrite {
-            self.mem.set_access(p, 1, Access::Read);
+        if self.mem.access(p) != Access::None {
+            self.mem.set_access(p, 1, Access::None);
         }
         let diff = Diff::make(self.mem.twin(p), self.mem.page(p));
+        if then != Access::None {
+            self.mem.set_access(p, 1, then);
+        }
         if diff.is_empty() {
             return;
         }
@@ -153,7 +161,7 @@ impl<M: PageMemory> Node<M> {
         self.stats.diff_requests_served += 1;
         let closed = self.vt.get(self.me);
         if self.pages[p.idx()].twin.is_some_and(|first| first <= want.min(closed)) {
-            self.cut_twin(p);
+            self.cut_twin(p, Access::Read);
         }
         let diffs = self.pages[p.idx()]
             .diffs
