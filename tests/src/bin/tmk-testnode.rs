@@ -1,0 +1,194 @@
+//! One node of a test job: `tmk-testnode <scenario> -n N`. Each scenario checks its own results
+//! on every node and exits non-zero on a mismatch; node 0 prints `PASS <scenario>` at the end.
+
+use std::process::ExitCode;
+use treadmarks::{Error, Shared, Tmk};
+
+type R = treadmarks::Result<()>;
+
+fn check(ok: bool, what: impl FnOnce() -> String) -> R {
+    if ok { Ok(()) } else { Err(Error::Failed(what())) }
+}
+
+/// Node 0 allocates, everybody gets the handle.
+fn shared<T: bytemuck::Pod>(tmk: &mut Tmk, len: usize) -> treadmarks::Result<Shared<[T]>> {
+    let mut h = Shared::from_raw_parts(0, 0);
+    if tmk.proc_id() == 0 {
+        h = tmk.alloc_pages::<T>(len)?;
+    }
+    tmk.distribute(&mut h)?;
+    Ok(h)
+}
+
+/// N nodes x 1000 lock-protected increments of one counter.
+fn counter(tmk: &mut Tmk) -> R {
+    let iters = 1000;
+    let c = shared::<u64>(tmk, 1)?;
+    for _ in 0..iters {
+        let g = tmk.lock(0)?;
+        g.view_mut(&c)?[0] += 1;
+    }
+    tmk.barrier(0)?;
+    let got = tmk.view(&c)?[0];
+    check(got == (iters * tmk.nprocs()) as u64, || format!("counter is {got}, want {}", iters * tmk.nprocs()))
+}
+
+/// Nodes write interleaved words of one page between barriers; all see every value after.
+fn interleaved(tmk: &mut Tmk) -> R {
+    let words = 1024; // exactly one page of u32
+    let a = shared::<u32>(tmk, words)?;
+    let (me, n) = (tmk.proc_id(), tmk.nprocs());
+    for round in 1..=20u32 {
+        {
+            let mut v = tmk.view_mut(&a)?;
+            for w in (me..words).step_by(n) {
+                v[w] = round * 10_000 + w as u32;
+            }
+        }
+        tmk.barrier(1)?;
+        let v = tmk.view(&a)?;
+        if let Some(w) = (0..words).find(|&w| v[w] != round * 10_000 + w as u32) {
+            return Err(Error::Failed(format!("round {round}: word {w} is {}", v[w])));
+        }
+        drop(v);
+        tmk.barrier(2)?;
+    }
+    Ok(())
+}
+
+/// Every node but the last writes its own pages; the last, which never touched them, reads all.
+fn never_held(tmk: &mut Tmk) -> R {
+    let per = 3 * 512; // three pages of u64 per writer
+    let (me, n) = (tmk.proc_id(), tmk.nprocs());
+    let a = shared::<u64>(tmk, per * n)?;
+    if me + 1 < n {
+        let mut v = tmk.view_mut(&a.slice(me * per, (me + 1) * per))?;
+        for (i, x) in v.iter_mut().enumerate() {
+            *x = (me * per + i) as u64 * 7 + 1;
+        }
+    }
+    tmk.barrier(0)?;
+    if me + 1 == n {
+        let v = tmk.view(&a.slice(0, (n - 1) * per))?;
+        if let Some(i) = (0..v.len()).find(|&i| v[i] != i as u64 * 7 + 1) {
+            return Err(Error::Failed(format!("element {i} is {}", v[i])));
+        }
+    }
+    Ok(())
+}
+
+/// A token passes through the nodes in turn under one lock; each turn leaves a trail entry.
+fn lock_chain(tmk: &mut Tmk) -> R {
+    let rounds = 8;
+    let (me, n) = (tmk.proc_id(), tmk.nprocs());
+    let token = shared::<u64>(tmk, 1)?;
+    let trail = shared::<u64>(tmk, rounds * n)?;
+    let mut turns = 0;
+    while turns < rounds {
+        let g = tmk.lock(1)?;
+        let t = g.view(&token)?[0] as usize;
+        if t % n == me {
+            g.view_mut(&trail)?[t] = me as u64 + 100;
+            g.view_mut(&token)?[0] = t as u64 + 1;
+            turns += 1;
+        }
+    }
+    // Read the trail under the lock once the last turn is done: only locks order these writes.
+    loop {
+        let g = tmk.lock(1)?;
+        if g.view(&token)?[0] as usize == rounds * n {
+            let v = g.view(&trail)?;
+            let bad = (0..rounds * n).find(|&k| v[k] != (k % n) as u64 + 100);
+            return check(bad.is_none(), || format!("trail entry {bad:?} wrong: {:?}", &v[..]));
+        }
+    }
+}
+
+/// Pages written but never asked for produce no diff; one read produces exactly one.
+fn lazy(tmk: &mut Tmk) -> R {
+    let me = tmk.proc_id();
+    let a = shared::<u64>(tmk, 10 * 512)?;
+    if me == 0 {
+        tmk.view_mut(&a)?.iter_mut().enumerate().for_each(|(i, x)| *x = i as u64);
+    }
+    tmk.barrier(0)?;
+    tmk.barrier(0)?;
+    if me == 0 {
+        let d = tmk.stats()?.protocol.diffs_created;
+        check(d == 0, || format!("{d} diffs made for pages nobody asked for"))?;
+    }
+    tmk.barrier(0)?;
+    if me == 1 {
+        let x = tmk.view(&a)?[3 * 512 + 5];
+        check(x == 3 * 512 + 5, || format!("read {x}"))?;
+    }
+    tmk.barrier(0)?;
+    if me == 0 {
+        let d = tmk.stats()?.protocol.diffs_created;
+        check(d == 1, || format!("{d} diffs made for one page read once"))?;
+    }
+    Ok(())
+}
+
+/// Node 2 dies after the first barrier; the others must fail fast, naming it.
+fn kill(tmk: &mut Tmk) -> R {
+    tmk.barrier(0)?;
+    if tmk.proc_id() == 2 {
+        std::process::exit(3);
+    }
+    for _ in 0..1000 {
+        tmk.barrier(0)?;
+    }
+    Err(Error::Failed("the job went on without node 2".into()))
+}
+
+/// Bad input from the application gives typed errors that name the value; the job goes on.
+fn errors(tmk: &mut Tmk) -> R {
+    let e = tmk.lock_acquire(5000).unwrap_err().to_string();
+    check(e.contains("lock 5000") && e.contains("1024"), || e.clone())?;
+    let e = tmk.barrier(999).unwrap_err().to_string();
+    check(e.contains("barrier 999"), || e.clone())?;
+    let e = tmk.lock_release(3).unwrap_err().to_string();
+    check(e.contains("lock 3") && e.contains("not hold"), || e.clone())?;
+    let e = tmk.alloc::<u8>(1 << 40).unwrap_err().to_string();
+    check(e.contains("1099511627776 bytes requested"), || e.clone())?;
+    let bogus: Shared<[u64]> = Shared::from_raw_parts(u64::MAX - 7, 2);
+    let e = tmk.view(&bogus).unwrap_err().to_string();
+    check(e.contains("outside"), || e.clone())?;
+    let a = shared::<u64>(tmk, 4)?;
+    let v = tmk.view(&a)?;
+    let e = tmk.view_mut(&a).unwrap_err().to_string();
+    check(e.contains("already borrowed"), || e.clone())?;
+    drop(v);
+    tmk.barrier(0)
+}
+
+fn main() -> ExitCode {
+    let result = Tmk::startup().and_then(|mut tmk| {
+        let scenario = tmk.args().first().cloned().unwrap_or_default();
+        let r = match scenario.as_str() {
+            "counter" => counter(&mut tmk),
+            "interleaved" => interleaved(&mut tmk),
+            "never-held" => never_held(&mut tmk),
+            "lock-chain" => lock_chain(&mut tmk),
+            "lazy" => lazy(&mut tmk),
+            "kill" => kill(&mut tmk),
+            "errors" => errors(&mut tmk),
+            other => Err(Error::Failed(format!("unknown scenario {other:?}"))),
+        };
+        r?;
+        let me = tmk.proc_id();
+        tmk.exit()?;
+        if me == 0 {
+            println!("PASS {scenario}");
+        }
+        Ok(())
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tmk-testnode: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,77 @@
+//! Multi-process tests over real TCP and real page faults: each test runs a job of node processes
+//! on this machine (`tmk-testnode <scenario> -n N`).
+
+mod support;
+
+use std::time::Duration;
+use support::{heap_base, run, testnode, Job};
+
+#[test]
+fn four_nodes_count_to_4000_under_one_lock() {
+    run("counter", 4, 1).assert_pass("counter");
+}
+
+#[test]
+fn one_node_jobs_need_no_peers() {
+    run("counter", 1, 2).assert_pass("counter");
+}
+
+#[test]
+fn interleaved_words_of_one_page_merge_at_barriers() {
+    run("interleaved", 4, 3).assert_pass("interleaved");
+    run("interleaved", 3, 4).assert_pass("interleaved");
+}
+
+#[test]
+fn a_node_that_never_held_a_page_reads_it_after_a_barrier() {
+    run("never-held", 4, 5).assert_pass("never-held");
+}
+
+#[test]
+fn a_lock_chain_passes_data_through_every_node_in_turn() {
+    run("lock-chain", 4, 6).assert_pass("lock-chain");
+}
+
+#[test]
+fn pages_nobody_asks_for_produce_no_diff() {
+    run("lazy", 2, 7).assert_pass("lazy");
+}
+
+#[test]
+fn bad_ids_and_sizes_are_typed_errors_naming_the_value() {
+    run("errors", 2, 8).assert_pass("errors");
+}
+
+#[test]
+fn a_dead_node_makes_the_others_fail_fast_naming_it() {
+    let out = run("kill", 4, 9);
+    assert_ne!(out.code, Some(0), "{out:#?}");
+    assert!(out.stderr.contains("node 2"), "the failure must name node 2: {out:#?}");
+    assert!(out.stderr.contains("without saying goodbye"), "{out:#?}");
+    assert!(out.elapsed < Duration::from_secs(20), "took {:?}", out.elapsed);
+}
+
+#[test]
+fn nodes_with_different_configurations_refuse_to_meet() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let root = format!("127.0.0.1:{port}");
+    let jobs: Vec<Job> = (0..2)
+        .map(|rank| {
+            let mut cmd = testnode();
+            cmd.args(["counter"])
+                .env("TMK_NPROCS", "2")
+                .env("TMK_RANK", rank.to_string())
+                .env("TMK_ROOT", &root)
+                .env("TMK_HEAP_SIZE", "64MiB")
+                .env("TMK_HEAP_BASE", heap_base(10 + rank))
+                .env("TMK_LOCKS", if rank == 0 { "1024" } else { "512" })
+                .env("TMK_CONNECT_TIMEOUT", "10");
+            Job::spawn(cmd)
+        })
+        .collect();
+    for job in jobs {
+        let out = job.wait(Duration::from_secs(30));
+        assert_ne!(out.code, Some(0), "{out:#?}");
+        assert!(out.stderr.contains("locks=512") || out.stderr.contains("rejected"), "{out:#?}");
+    }
+}
