@@ -319,6 +319,17 @@ impl Tmk {
     }
 }
 
+impl Drop for Tmk {
+    /// A job left without [`Tmk::exit`] has failed (or the application gave up): let the service
+    /// thread flush what it queued (abort messages), bounded, then reap any spawned nodes.
+    fn drop(&mut self) {
+        if !self.exited && matches!(self.engine, Engine::Remote { .. }) {
+            let _ = self.engine.call(Command::Shutdown);
+            let _ = self.engine.join();
+        }
+    }
+}
+
 impl From<crate::mem::ViewError> for Error {
     fn from(e: crate::mem::ViewError) -> Self {
         Error::View(e)

@@ -114,6 +114,7 @@ impl<M: PageMemory> Node<M> {
                 self.complete(|p| matches!(p, Pending::Exit), AppDone::Exited)
                     .ok_or_else(|| unexpected("exit release"))?;
             }
+            Message::Abort { reason } => return Err(ProtocolError::Aborted { from, reason }),
             Message::Ping { token } => self.outbox.push_back((from, Message::Pong { token })),
             Message::Pong { .. } => {
                 self.complete(|p| matches!(p, Pending::Ping(n) if *n == from), AppDone::Pong(from))

@@ -37,6 +37,9 @@ pub enum ProtocolError {
     /// An allocation failed.
     #[error(transparent)]
     Alloc(#[from] AllocFailure),
+    /// A peer's job failed and it told us why.
+    #[error("{from} aborted the job: {reason}")]
+    Aborted { from: NodeId, reason: String },
     /// The application asked for something while another request is pending.
     #[error("{what} requested while another request is still pending")]
     Busy { what: &'static str },

@@ -67,6 +67,8 @@ pub enum Message {
     Ping { token: u64 },
     /// Answer to [`Message::Ping`].
     Pong { token: u64 },
+    /// The sender's job failed, for this reason; the receiver fails too, naming the cause.
+    Abort { reason: String },
 }
 
 /// The kind of a message, for statistics.
@@ -83,11 +85,12 @@ pub enum MsgKind {
     Distribute,
     Exit,
     Ping,
+    Abort,
 }
 
 impl MsgKind {
     /// Every kind, in display order.
-    pub const ALL: [MsgKind; 11] = [
+    pub const ALL: [MsgKind; 12] = [
         MsgKind::LockRequest,
         MsgKind::LockForward,
         MsgKind::LockGrant,
@@ -99,6 +102,7 @@ impl MsgKind {
         MsgKind::Distribute,
         MsgKind::Exit,
         MsgKind::Ping,
+        MsgKind::Abort,
     ];
 
     /// Short name.
@@ -115,6 +119,7 @@ impl MsgKind {
             MsgKind::Distribute => "distribute",
             MsgKind::Exit => "exit",
             MsgKind::Ping => "ping",
+            MsgKind::Abort => "abort",
         }
     }
 }
@@ -137,6 +142,7 @@ impl Message {
             Message::Distribute { .. } => MsgKind::Distribute,
             Message::ExitArrive | Message::ExitRelease => MsgKind::Exit,
             Message::Ping { .. } | Message::Pong { .. } => MsgKind::Ping,
+            Message::Abort { .. } => MsgKind::Abort,
         }
     }
 }

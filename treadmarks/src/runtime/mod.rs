@@ -29,12 +29,18 @@ pub(crate) enum Command {
     Acquire(LockId),
     Release(LockId),
     Barrier(BarrierId),
-    Alloc { bytes: u64, align: u64 },
+    Alloc {
+        bytes: u64,
+        align: u64,
+    },
     Free(u64),
     Distribute(Option<Vec<u8>>),
     Exit,
     Ping(NodeId),
     Stats,
+    /// Stop the service thread (the application gave up on a failed job): flush what is
+    /// queued, notably abort messages, then answer.
+    Shutdown,
 }
 
 /// The answer to a [`Command`].
@@ -43,6 +49,7 @@ pub(crate) enum Reply {
     Done(AppDone),
     Released,
     Stats(Box<Stats>),
+    ShutDown,
 }
 
 /// Starts `cmd` on `node`. Returns `Some` for a command that needs no completion (release);
@@ -63,7 +70,7 @@ pub(crate) fn start(
         Command::Distribute(bytes) => node.request_distribute(bytes)?,
         Command::Exit => node.request_exit()?,
         Command::Ping(peer) => node.request_ping(peer)?,
-        Command::Stats => unreachable!("stats are answered by the engine"),
+        Command::Stats | Command::Shutdown => unreachable!("answered by the engine"),
     }
     Ok(None)
 }
@@ -90,6 +97,9 @@ impl Engine {
     pub fn call(&mut self, cmd: Command) -> Result<Reply> {
         match self {
             Engine::Local { node, stats } => {
+                if matches!(cmd, Command::Shutdown) {
+                    return Ok(Reply::ShutDown);
+                }
                 if matches!(cmd, Command::Stats) {
                     let mut s = stats.clone();
                     s.protocol = node.stats().clone();

@@ -42,6 +42,7 @@ struct Service {
     failed: Option<String>,
     exiting: bool,
     exited: bool,
+    shutdown: bool,
     open: Vec<bool>,
 }
 
@@ -78,6 +79,7 @@ pub(crate) fn spawn(
                     failed: None,
                     exiting: false,
                     exited: false,
+                    shutdown: false,
                     open: (0..nprocs).map(|n| n != me.idx()).collect(),
                 };
                 let _ = ready_tx.send(Ok(()));
@@ -97,7 +99,7 @@ impl Service {
         let doorbell = register_service_fd(self.mailbox.doorbell.clone())
             .expect("register the doorbell eventfd with tokio");
         let mut deadline: Option<tokio::time::Instant> = None;
-        while !self.exited {
+        while !self.exited && !self.shutdown {
             tokio::select! {
                 ev = events.recv() => match ev {
                     Some(ev) => self.on_link(ev),
@@ -120,6 +122,12 @@ impl Service {
             if self.failed.is_some() && deadline.is_none() {
                 deadline = Some(tokio::time::Instant::now() + GRACE);
             }
+        }
+        if self.shutdown {
+            let mailbox = self.mailbox.clone();
+            self.links.flush_and_close().await;
+            *mailbox.reply.lock().expect("mailbox") = Some(Ok(Reply::ShutDown));
+            return mailbox.doorbell.wake_app();
         }
         // Orderly close: say goodbye, then wait (bounded) until every peer has said it too, so no
         // socket is closed with unread data (which would reset the peer's connection).
@@ -189,6 +197,10 @@ impl Service {
         let cmd = self.mailbox.command.lock().expect("mailbox").take();
         if let Some(cmd) = cmd {
             self.app = App::InCommand;
+            if matches!(cmd, Command::Shutdown) {
+                self.shutdown = true;
+                return;
+            }
             if let Some(why) = &self.failed {
                 return self.reply(Err(Error::Failed(why.clone())));
             }
@@ -260,6 +272,16 @@ impl Service {
             return;
         }
         eprintln!("treadmarks: {}: job failed: {why}", self.node.id());
+        // Tell every peer why, so nodes that only see this node go away name the real cause.
+        for n in 0..self.open.len() {
+            if self.open[n] {
+                let mut frame = Vec::new();
+                let abort = Message::Abort { reason: why.clone() };
+                if codec::encode_frame(&abort, &mut frame).is_ok() {
+                    let _ = self.links.send(NodeId(n as u16), frame);
+                }
+            }
+        }
         match self.app {
             App::InFault(_) => fault_exit(self.node.id(), &why),
             App::InCommand => self.reply(Err(Error::Failed(why.clone()))),
