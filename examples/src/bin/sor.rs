@@ -8,12 +8,15 @@ use std::process::ExitCode;
 use treadmarks::{Shared, Tmk};
 use treadmarks_examples::{Args, Timer, block, verdict};
 
-/// One half-step: update `dst` (red if `red`) rows `rows` from `src`, with `half` columns.
+/// One half-step over rows `rows`: update `dst` (red if `red`) from `src`, both `half` columns
+/// wide. `dst` starts at row `dst_row0` and `src` at row `src_row0` of the grid.
+#[allow(clippy::too_many_arguments)]
 fn half_step(
     dst: &mut [f64],
+    dst_row0: usize,
     src: &[f64],
+    src_row0: usize,
     rows: std::ops::Range<usize>,
-    first_row: usize,
     half: usize,
     red: bool,
     nrows: usize,
@@ -22,21 +25,17 @@ fn half_step(
         if i == 0 || i == nrows - 1 {
             continue;
         }
-        let odd = i % 2 == 1;
         // Red point (i, j) sits at column 2j + (i odd); its left/right black neighbours are j-1/j
         // (even rows) or j/j+1 (odd rows). Black is the mirror image.
-        let (left, right) = if red == odd { (0isize, 1isize) } else { (-1, 0) };
-        let row = (i - first_row) * half;
-        for j in 0..half {
-            let (l, r) = (j as isize + left, j as isize + right);
-            if l < 0 || r >= half as isize {
-                continue; // boundary column: fixed
-            }
-            let up = src[(i - 1 - first_row) * half + j];
-            let down = src[(i + 1 - first_row) * half + j];
-            let w = src[(i - first_row) * half + l as usize];
-            let e = src[(i - first_row) * half + r as usize];
-            dst[row + j] = (up + down + w + e) * 0.25;
+        let shift = if red == (i % 2 == 1) { 0 } else { 1 };
+        let up = &src[(i - 1 - src_row0) * half..][..half];
+        let mid = &src[(i - src_row0) * half..][..half];
+        let down = &src[(i + 1 - src_row0) * half..][..half];
+        let out = &mut dst[(i - dst_row0) * half..][..half];
+        // Boundary columns (a neighbour index outside 0..half) stay fixed.
+        for j in shift..half + shift - 1 {
+            let (l, r) = (j - shift, j + 1 - shift);
+            out[j] = (up[j] + down[j] + mid[l] + mid[r]) * 0.25;
         }
     }
 }
@@ -50,8 +49,8 @@ fn initial(nrows: usize, half: usize) -> Vec<f64> {
 fn sequential(nrows: usize, half: usize, iterations: usize) -> (Vec<f64>, Vec<f64>) {
     let (mut red, mut black) = (initial(nrows, half), initial(nrows, half));
     for _ in 0..iterations {
-        half_step(&mut red, &black, 0..nrows, 0, half, true, nrows);
-        half_step(&mut black, &red, 0..nrows, 0, half, false, nrows);
+        half_step(&mut red, 0, &black, 0, 0..nrows, half, true, nrows);
+        half_step(&mut black, 0, &red, 0, 0..nrows, half, false, nrows);
     }
     (red, black)
 }
@@ -105,12 +104,7 @@ fn run() -> treadmarks::Result<ExitCode> {
                 let (lo, hi) = (begin.saturating_sub(1), (end + 1).min(nrows));
                 let src_rows = tmk.view(&src.slice(lo * half, hi * half))?;
                 let mut dst_rows = tmk.view_mut(&dst.slice(begin * half, end * half))?;
-                // `half_step` indexes both by absolute row minus its first row; give it aligned
-                // windows by computing into the owned block from the wider source window.
-                let mut tmp = vec![0.0; (hi - lo) * half];
-                tmp[(begin - lo) * half..(end - lo) * half].copy_from_slice(&dst_rows);
-                half_step(&mut tmp, &src_rows, begin..end, lo, half, is_red, nrows);
-                dst_rows.copy_from_slice(&tmp[(begin - lo) * half..(end - lo) * half]);
+                half_step(&mut dst_rows, begin, &src_rows, lo, begin..end, half, is_red, nrows);
             }
             tmk.barrier(0)?;
         }
