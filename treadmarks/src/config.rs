@@ -166,14 +166,14 @@ impl Config {
                 return Err(invalid("TMK_ROOT", "", "a node joining a job must know where node 0 listens"));
             }
         }
-        if self.heap_size == 0 || self.heap_size % 4096 != 0 {
+        if self.heap_size == 0 || !self.heap_size.is_multiple_of(4096) {
             return Err(invalid(
                 "TMK_HEAP_SIZE",
                 &self.heap_size.to_string(),
                 "must be a non-zero multiple of 4 KiB",
             ));
         }
-        if self.heap_base % 4096 != 0 {
+        if !self.heap_base.is_multiple_of(4096) {
             return Err(invalid("TMK_HEAP_BASE", &format!("{:#x}", self.heap_base), "must be page aligned"));
         }
         if self.nlocks == 0 || self.nbarriers == 0 {

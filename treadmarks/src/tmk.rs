@@ -100,7 +100,7 @@ impl Tmk {
         let node = Node::new(node_cfg, HeapPages(heap.clone()));
         let mut children = None;
         let (engine, faults) = if n == 1 {
-            (Engine::Local { node: Box::new(node), stats: Stats::new(me, 1) }, None)
+            (Engine::Local { node: Box::new(node), stats: Box::new(Stats::new(me, 1)) }, None)
         } else {
             let (listener, root) = match config.role {
                 Role::Launcher => {

@@ -113,7 +113,7 @@ impl BorrowTracker {
         let bytes = h.len.checked_mul(size_of::<T>() as u64);
         let end = bytes.and_then(|b| h.offset.checked_add(b));
         match end {
-            Some(end) if end <= heap.size() as u64 && h.offset % align_of::<T>() as u64 == 0 => {
+            Some(end) if end <= heap.size() as u64 && h.offset.is_multiple_of(align_of::<T>() as u64) => {
                 Ok((h.offset, end))
             }
             _ => Err(ViewError::OutOfBounds {

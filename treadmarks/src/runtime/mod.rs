@@ -87,7 +87,7 @@ pub(crate) struct Mailbox {
 #[derive(Debug)]
 pub(crate) enum Engine {
     /// One-node job: on the application thread.
-    Local { node: Box<Node<HeapPages>>, stats: Stats },
+    Local { node: Box<Node<HeapPages>>, stats: Box<Stats> },
     /// On the service thread.
     Remote { mailbox: Arc<Mailbox>, service: Option<JoinHandle<()>> },
 }
@@ -101,7 +101,7 @@ impl Engine {
                     return Ok(Reply::ShutDown);
                 }
                 if matches!(cmd, Command::Stats) {
-                    let mut s = stats.clone();
+                    let mut s = (**stats).clone();
                     s.protocol = node.stats().clone();
                     return Ok(Reply::Stats(Box::new(s)));
                 }
