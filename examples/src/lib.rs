@@ -38,7 +38,7 @@ impl Args {
 }
 
 fn fail_usage(msg: &str) -> ! {
-    eprintln!("error: {msg}");
+    treadmarks::report(&format!("error: {msg}"));
     std::process::exit(2);
 }
 

@@ -26,3 +26,16 @@ pub use error::{Error, Result};
 pub use mem::{Shared, View, ViewMut};
 pub use stats::Stats;
 pub use tmk::{LockGuard, Tmk};
+
+/// Writes `text` to standard error with one `write(2)`, so that lines from the several node
+/// processes of a job that share one terminal or pipe never interleave mid-line (a pipe keeps
+/// writes of up to 4 KiB whole).
+pub fn report(text: &str) {
+    use std::io::Write;
+    let mut buf = String::with_capacity(text.len() + 1);
+    buf.push_str(text);
+    if !buf.ends_with('\n') {
+        buf.push('\n');
+    }
+    let _ = std::io::stderr().lock().write_all(buf.as_bytes());
+}

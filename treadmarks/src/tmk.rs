@@ -310,7 +310,7 @@ impl Tmk {
         self.exited = true;
         self.engine.join()?;
         if self.print_stats {
-            eprint!("{stats}");
+            crate::report(&stats.to_string());
         }
         if let Some(children) = self.children.take() {
             children.wait(Duration::from_secs(30))?;
@@ -321,11 +321,17 @@ impl Tmk {
 
 impl Drop for Tmk {
     /// A job left without [`Tmk::exit`] has failed (or the application gave up): let the service
-    /// thread flush what it queued (abort messages), bounded, then reap any spawned nodes.
+    /// thread flush what it queued (abort messages), bounded, then wait (bounded) for any spawned
+    /// nodes to exit, killing those that do not, and reap them.
     fn drop(&mut self) {
         if !self.exited && matches!(self.engine, Engine::Remote { .. }) {
             let _ = self.engine.call(Command::Shutdown);
             let _ = self.engine.join();
+        }
+        // The other nodes notice a failed job within seconds and exit by themselves, saying why;
+        // give them that long before they are killed (`Children::wait` kills on timeout).
+        if let Some(children) = self.children.take() {
+            let _ = children.wait(Duration::from_secs(10));
         }
     }
 }
@@ -371,7 +377,7 @@ impl Drop for LockGuard<'_> {
         if !self.released
             && let Err(e) = self.tmk.lock_release(self.lock)
         {
-            eprintln!("treadmarks: {}: release of lock {} failed: {e}", self.tmk.me, self.lock);
+            crate::report(&format!("treadmarks: {}: release of lock {} failed: {e}", self.tmk.me, self.lock));
         }
     }
 }

@@ -59,7 +59,7 @@ fn main() -> ExitCode {
     match run() {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("sor: {e}");
+            treadmarks::report(&format!("sor: {e}"));
             ExitCode::FAILURE
         }
     }

@@ -187,7 +187,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("tmk-testnode: {e}");
+            treadmarks::report(&format!("tmk-testnode: {e}"));
             ExitCode::FAILURE
         }
     }

@@ -89,9 +89,10 @@ pub fn testnode() -> Command {
     cmd
 }
 
-/// A heap base unique to this test process and `slot`, so concurrent jobs never collide.
+/// A heap base unique to this test process and `slot`, so concurrent jobs never collide:
+/// 2 GiB slots in `0x5000_0000_0000..0x7000_0000_0000`, inside the 47-bit user address space.
 pub fn heap_base(slot: u64) -> String {
-    let base = 0x5000_0000_0000u64 + ((std::process::id() as u64 % 512) * 64 + slot % 64) * (1 << 31);
+    let base = 0x5000_0000_0000u64 + ((std::process::id() as u64 % 256) * 64 + slot % 64) * (1 << 31);
     format!("{base:#x}")
 }
 

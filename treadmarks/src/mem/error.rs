@@ -28,6 +28,17 @@ pub enum MemError {
         /// Requested size in bytes.
         size: usize,
     },
+    /// The application view cannot be mapped at its fixed address for another reason (outside
+    /// the user address space, say).
+    #[error("cannot map {} shared heap at {base:#x}: {source} (set TMK_HEAP_BASE)", Bytes(*size))]
+    MapFixed {
+        /// Requested base address.
+        base: usize,
+        /// Requested size in bytes.
+        size: usize,
+        /// The OS error.
+        source: io::Error,
+    },
     /// The kernel ignored `MAP_FIXED_NOREPLACE` (Linux < 4.17) and placed the view elsewhere.
     #[error(
         "cannot map {} shared heap at {base:#x}: the kernel placed it at {got:#x} instead \

@@ -185,7 +185,7 @@ impl Heap {
         }
         .map_err(|source| match source.raw_os_error() {
             Some(libc::EEXIST) => MemError::AddressInUse { base, size },
-            _ => MemError::Sys { op: "map the application view of the shared heap", size, source },
+            _ => MemError::MapFixed { base, size, source },
         })?;
         let app = Unmap(Some((app, size)));
         let got = app.0.expect("just mapped").0.as_ptr() as usize;

@@ -86,7 +86,7 @@ pub(crate) fn follow_launcher() {
     if nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).is_ok()
         && nix::unistd::getppid().as_raw() != pid
     {
-        eprintln!("treadmarks: the launcher (pid {pid}) is gone; exiting");
+        crate::report(&format!("treadmarks: the launcher (pid {pid}) is gone; exiting"));
         std::process::exit(1);
     }
 }

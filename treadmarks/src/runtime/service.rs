@@ -114,7 +114,7 @@ impl Service {
                 }
                 _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
                     let why = self.failed.clone().unwrap_or_default();
-                    eprintln!("treadmarks: {}: exiting: {why}", self.node.id());
+                    crate::report(&format!("treadmarks: {}: exiting: {why}", self.node.id()));
                     std::process::exit(1);
                 }
             }
@@ -271,7 +271,7 @@ impl Service {
         if self.failed.is_some() {
             return;
         }
-        eprintln!("treadmarks: {}: job failed: {why}", self.node.id());
+        crate::report(&format!("treadmarks: {}: job failed: {why}", self.node.id()));
         // Tell every peer why, so nodes that only see this node go away name the real cause.
         for n in 0..self.open.len() {
             if self.open[n] {
@@ -293,8 +293,8 @@ impl Service {
 
 /// The application thread is blocked in a page fault, where no error can be returned.
 fn fault_exit(me: NodeId, why: &str) -> ! {
-    eprintln!(
+    crate::report(&format!(
         "treadmarks: {me}: the application is blocked in a page fault and the job failed ({why}); exiting"
-    );
+    ));
     std::process::exit(1);
 }
