@@ -5,6 +5,31 @@
 //! acquire after the writer's release, or a barrier), so data-race-free programs see sequentially
 //! consistent memory. Start with [`Tmk`].
 //!
+//! ```
+//! use treadmarks::{Shared, Tmk};
+//!
+//! fn main() -> treadmarks::Result<()> {
+//!     // `prog -n 4` starts four nodes on this machine; each runs this same `main`.
+//!     // (Run as a doc test, it is a one-node job.)
+//!     let mut tmk = Tmk::startup()?;
+//!     let mut counter: Shared<[u64]> = Shared::from_raw_parts(0, 0);
+//!     if tmk.proc_id() == 0 {
+//!         counter = tmk.alloc::<u64>(1)?; // any node may allocate; node 0 keeps the allocator
+//!     }
+//!     tmk.distribute(&mut counter)?; // every node now has node 0's handle
+//!     for _ in 0..1000 {
+//!         let g = tmk.lock(0)?; // the guard releases on drop
+//!         g.view_mut(&counter)?[0] += 1;
+//!     }
+//!     tmk.barrier(0)?;
+//!     assert_eq!(tmk.view(&counter)?[0], 1000 * tmk.nprocs() as u64);
+//!     tmk.exit()
+//! }
+//! ```
+//!
+//! The rules are in the docs of [`Tmk`]: one application thread per node; views end
+//! before the next synchronization call; only `bytemuck::Pod` data in the heap.
+//!
 //! Layers (each in its own module; only `mem` may use `unsafe`):
 //! - [`protocol`]: the pure LRC state machine (intervals, vector timestamps, write notices,
 //!   twins and lazy diffs, locks, barriers). No I/O.

@@ -1,43 +1,5 @@
-//! The application's handle on the job: [`Tmk`].
+//! The application's handle on the job: [`Tmk`]. See the crate docs for a complete program.
 //!
-//! ```no_run
-//! use treadmarks::{Shared, Tmk};
-//!
-//! fn main() -> treadmarks::Result<()> {
-//!     // `prog -n 4` starts four nodes on this machine; each runs this same `main`.
-//!     let mut tmk = Tmk::startup()?;
-//!     let mut counter: Shared<[u64]> = Shared::from_raw_parts(0, 0);
-//!     if tmk.proc_id() == 0 {
-//!         counter = tmk.alloc::<u64>(1)?;
-//!     }
-//!     tmk.distribute(&mut counter)?; // every node now has node 0's handle
-//!     for _ in 0..1000 {
-//!         let g = tmk.lock(0)?; // the guard releases on drop
-//!         g.view_mut(&counter)?[0] += 1;
-//!     }
-//!     tmk.barrier(0)?;
-//!     assert_eq!(tmk.view(&counter)?[0], 1000 * tmk.nprocs() as u64);
-//!     tmk.exit()
-//! }
-//! ```
-//!
-//! # The rules
-//! - One application thread per node touches the shared heap: the thread that called
-//!   [`Tmk::startup`]. A fault from any other thread aborts the process with a message.
-//!   (Threads inside a node come later.)
-//! - Views ([`Tmk::view`], [`Tmk::view_mut`]) borrow the `Tmk` immutably, and every
-//!   synchronization call (`lock`, `unlock`, `barrier`, `exit`) takes it mutably, so a view cannot
-//!   outlive the next synchronization and the compiler cannot reuse a value loaded before it.
-//!   Overlapping views follow `RefCell` rules, checked at run time ([`Error::Borrowed`]).
-//! - A [`LockGuard`] derefs to the `Tmk`: inside a critical section, use the guard.
-//! - Only `bytemuck::Pod` types live in the heap or are distributed: other processes write their
-//!   bytes, so every bit pattern must be valid.
-//! - TreadMarks-style code can take raw pointers ([`Tmk::ptr`]); dereferencing them is the
-//!   caller's `unsafe`, under the same rule: no reference derived from one may be held across a
-//!   synchronization call.
-//! - System calls that write into the shared heap (`read(2)` into a shared buffer, say) fail with
-//!   `EFAULT` when the page is protected, instead of faulting: read into private memory and copy.
-
 #![forbid(unsafe_code)]
 
 use crate::config::{Config, Role};
@@ -54,6 +16,23 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// One node's handle on the job.
+///
+/// # The rules
+/// - One application thread per node touches the shared heap: the thread that called
+///   [`Tmk::startup`]. A fault from any other thread aborts the process with a message.
+///   (Threads inside a node come later.)
+/// - Views ([`Tmk::view`], [`Tmk::view_mut`]) borrow the `Tmk` immutably, and every
+///   synchronization call (`lock`, `unlock`, `barrier`, `exit`) takes it mutably, so a view cannot
+///   outlive the next synchronization and the compiler cannot reuse a value loaded before it.
+///   Overlapping views follow `RefCell` rules, checked at run time ([`Error::View`]).
+/// - A [`LockGuard`] derefs to the `Tmk`: inside a critical section, use the guard.
+/// - Only `bytemuck::Pod` types live in the heap or are distributed: other processes write their
+///   bytes, so every bit pattern must be valid.
+/// - TreadMarks-style code can take raw pointers ([`Tmk::ptr`]); dereferencing them is the
+///   caller's `unsafe`, under the same rule: no reference derived from one may be held across a
+///   synchronization call.
+/// - System calls that write into the shared heap (`read(2)` into a shared buffer, say) fail with
+///   `EFAULT` when the page is protected, instead of faulting: read into private memory and copy.
 #[derive(Debug)]
 pub struct Tmk {
     me: NodeId,

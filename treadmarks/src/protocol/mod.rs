@@ -28,6 +28,8 @@ pub mod stats;
 pub mod vtime;
 
 #[cfg(test)]
+mod scenarios;
+#[cfg(test)]
 mod sim;
 
 pub use diff::Diff;

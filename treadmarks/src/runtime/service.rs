@@ -16,6 +16,7 @@ use crate::mem::{FaultKind, Heap, HeapPages, register_service_fd};
 use crate::protocol::{AppDone, Message, Node, NodeId};
 use crate::stats::Stats;
 use crate::transport::{CloseCause, LinkEvent, Links, Mesh, codec};
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -62,29 +63,39 @@ pub(crate) fn spawn(
                 Ok(rt) => rt,
                 Err(e) => return drop(ready_tx.send(Err(Error::Failed(format!("cannot start tokio: {e}"))))),
             };
-            rt.block_on(async move {
-                let (tx, rx) = mpsc::unbounded_channel();
-                let links = match Links::start(mesh, tx) {
-                    Ok(links) => links,
-                    Err(e) => return drop(ready_tx.send(Err(e.into()))),
-                };
-                let (me, nprocs) = (node.id(), node.nprocs());
-                let svc = Service {
-                    node,
-                    heap,
-                    mailbox,
-                    links,
-                    stats: Stats::new(me, nprocs as u16),
-                    app: App::Running,
-                    failed: None,
-                    exiting: false,
-                    exited: false,
-                    shutdown: false,
-                    open: (0..nprocs).map(|n| n != me.idx()).collect(),
-                };
-                let _ = ready_tx.send(Ok(()));
-                svc.run(rx).await;
-            });
+            // A panic in here is a broken invariant (or an mprotect the kernel refused, which no
+            // call can report); the application thread may be blocked waiting on this thread, so
+            // end the process rather than leave it hanging.
+            let me = node.id();
+            let served = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                rt.block_on(async move {
+                    let (tx, rx) = mpsc::unbounded_channel();
+                    let links = match Links::start(mesh, tx) {
+                        Ok(links) => links,
+                        Err(e) => return drop(ready_tx.send(Err(e.into()))),
+                    };
+                    let (me, nprocs) = (node.id(), node.nprocs());
+                    let svc = Service {
+                        node,
+                        heap,
+                        mailbox,
+                        links,
+                        stats: Stats::new(me, nprocs as u16),
+                        app: App::Running,
+                        failed: None,
+                        exiting: false,
+                        exited: false,
+                        shutdown: false,
+                        open: (0..nprocs).map(|n| n != me.idx()).collect(),
+                    };
+                    let _ = ready_tx.send(Ok(()));
+                    svc.run(rx).await;
+                })
+            }));
+            if served.is_err() {
+                crate::report(&format!("treadmarks: {me}: internal error in the service thread; exiting"));
+                std::process::exit(101);
+            }
         })
         .map_err(|e| Error::Failed(format!("cannot start the service thread: {e}")))?;
     match ready_rx.recv() {
