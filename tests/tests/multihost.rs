@@ -18,7 +18,7 @@ mod support;
 use std::net::Ipv4Addr;
 use std::process::Command;
 use std::time::Duration;
-use support::{Job, Outcome, heap_base_in_user_space};
+use support::{Job, Outcome, heap_base};
 
 /// Every namespace these tests create starts with this, followed by the test process id.
 const PREFIX: &str = "tmkt";
@@ -114,7 +114,7 @@ impl Lan {
                     .env("TMK_RANK", rank.to_string())
                     .env("TMK_ROOT", &root)
                     .env("TMK_HEAP_SIZE", "64MiB")
-                    .env("TMK_HEAP_BASE", heap_base_in_user_space(slot))
+                    .env("TMK_HEAP_BASE", heap_base(slot))
                     .env("TMK_CONNECT_TIMEOUT", "20")
                     .env("TMK_STATS", "1");
                 Job::spawn(cmd)

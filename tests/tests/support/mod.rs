@@ -105,13 +105,3 @@ pub fn run(scenario: &str, n: usize, slot: u64) -> Outcome {
         .env("TMK_CONNECT_TIMEOUT", "20");
     Job::spawn(cmd).wait(Duration::from_secs(120))
 }
-
-/// Like [`heap_base`], but always inside the 47-bit user address space of x86-64 and clear of
-/// where the kernel puts stacks and shared libraries (just below `0x8000_0000_0000`): every base
-/// is in `0x5000_0000_0000..0x7000_0000_0000`. ([`heap_base`] reaches `0x7f00_0000_0000` once the
-/// process id modulo 512 is 376, and leaves the address space from 384 on: the heap cannot be
-/// mapped, `ENOMEM`.)
-pub fn heap_base_in_user_space(slot: u64) -> String {
-    let base = 0x5000_0000_0000u64 + ((std::process::id() as u64 % 256) * 64 + slot % 64) * (1 << 31);
-    format!("{base:#x}")
-}
