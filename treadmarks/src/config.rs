@@ -8,6 +8,7 @@
 //! | heap size | `TMK_HEAP_SIZE` (`256MiB`, `1GiB`, bytes) | | 1 GiB |
 //! | heap base address | `TMK_HEAP_BASE` (hex) | | `0x600000000000` |
 //! | locks / barriers | `TMK_LOCKS` / `TMK_BARRIERS` | | 1024 / 64 |
+//! | collect consistency data past | `TMK_GC_THRESHOLD` (`1MiB`, bytes) | | 64 MiB or a quarter of the heap, if less |
 //! | print statistics at exit | `TMK_STATS=1` | | off |
 //! | bound on meeting the other nodes | `TMK_CONNECT_TIMEOUT` (seconds) | | 30 |
 //!
@@ -46,6 +47,8 @@ pub struct Config {
     pub heap_base: usize,
     pub nlocks: u32,
     pub nbarriers: u32,
+    /// Consistency data (bytes) past which a node asks the next barrier to collect.
+    pub gc_threshold: u64,
     pub print_stats: bool,
     pub connect_timeout: Duration,
 }
@@ -60,6 +63,7 @@ impl Default for Config {
             heap_base: 0x6000_0000_0000,
             nlocks: 1024,
             nbarriers: 64,
+            gc_threshold: 64 << 20,
             print_stats: false,
             connect_timeout: Duration::from_secs(30),
         }
@@ -120,6 +124,10 @@ impl Config {
         }
         if let Some(v) = env("TMK_BARRIERS") {
             c.nbarriers = num("TMK_BARRIERS", &v)?;
+        }
+        c.gc_threshold = c.gc_threshold.min(c.heap_size as u64 / 4);
+        if let Some(v) = env("TMK_GC_THRESHOLD") {
+            c.gc_threshold = parse_size("TMK_GC_THRESHOLD", &v)? as u64;
         }
         if let Some(v) = env("TMK_STATS") {
             c.print_stats = v != "0";

@@ -75,6 +75,7 @@ impl Tmk {
             nlocks: config.nlocks,
             nbarriers: config.nbarriers,
             heap_size: config.heap_size as u64,
+            gc_threshold: config.gc_threshold,
         };
         let node = Node::new(node_cfg, HeapPages(heap.clone()));
         let mut children = None;

@@ -20,11 +20,13 @@ pub struct BarrierEpisode {
     barrier: Option<BarrierId>,
     arrived: Vec<Option<VectorTime>>,
     records: Vec<IntervalRecord>,
+    /// Some node asked this barrier to collect.
+    gc: bool,
 }
 
 impl BarrierEpisode {
     pub(crate) fn new(n: usize) -> Self {
-        BarrierEpisode { barrier: None, arrived: vec![None; n], records: Vec::new() }
+        BarrierEpisode { barrier: None, arrived: vec![None; n], records: Vec::new(), gc: false }
     }
 }
 
@@ -42,7 +44,8 @@ impl<M: PageMemory> Node<M> {
             .collect();
         self.sent_to_manager = mine;
         self.pending = Pending::Barrier(barrier);
-        let msg = Message::BarrierArrive { barrier, vt: self.vt.clone(), intervals };
+        self.note_peak();
+        let msg = Message::BarrierArrive { barrier, vt: self.vt.clone(), intervals, gc: self.wants_gc() };
         self.outbox.push_back((NodeId(0), msg));
         self.deliver_local()
     }
@@ -53,6 +56,7 @@ impl<M: PageMemory> Node<M> {
         barrier: BarrierId,
         vt: VectorTime,
         intervals: Vec<IntervalRecord>,
+        gc: bool,
     ) -> Result<(), ProtocolError> {
         if self.me != NodeId(0) || vt.len() != self.nprocs() || self.barrier.arrived[from.idx()].is_some() {
             return Err(ProtocolError::Unexpected { from, what: format!("arrival at {barrier}") });
@@ -66,6 +70,7 @@ impl<M: PageMemory> Node<M> {
         }
         ep.arrived[from.idx()] = Some(vt);
         ep.records.extend(intervals);
+        ep.gc |= gc;
         if ep.arrived.iter().all(Option::is_some) {
             self.complete_barrier(barrier)?;
         }
@@ -76,6 +81,7 @@ impl<M: PageMemory> Node<M> {
         let n = self.nprocs();
         let records = std::mem::take(&mut self.barrier.records);
         let arrived = std::mem::replace(&mut self.barrier.arrived, vec![None; n]);
+        let gc = std::mem::take(&mut self.barrier.gc);
         self.barrier.barrier = None;
         self.incorporate(self.me, records)?;
         for (i, vt) in arrived.into_iter().enumerate() {
@@ -85,13 +91,12 @@ impl<M: PageMemory> Node<M> {
             }
             let vt = vt.expect("all arrived");
             let intervals = self.log.newer_than(&vt);
-            self.outbox.push_back((to, Message::BarrierRelease { barrier, intervals }));
+            self.outbox.push_back((to, Message::BarrierRelease { barrier, intervals, gc }));
         }
-        self.finish_barrier(barrier);
-        Ok(())
+        if gc { self.start_gc(barrier) } else { Ok(self.finish_barrier(barrier)) }
     }
 
-    fn finish_barrier(&mut self, barrier: BarrierId) {
+    pub(crate) fn finish_barrier(&mut self, barrier: BarrierId) {
         self.stats.barriers += 1;
         self.pending = Pending::None;
         self.done.push_back(AppDone::BarrierPassed(barrier));
@@ -102,12 +107,15 @@ impl<M: PageMemory> Node<M> {
         from: NodeId,
         barrier: BarrierId,
         intervals: Vec<IntervalRecord>,
+        gc: bool,
     ) -> Result<(), ProtocolError> {
-        if from != NodeId(0) || !matches!(self.pending, Pending::Barrier(b) if b == barrier) {
+        if from != NodeId(0)
+            || !matches!(self.pending, Pending::Barrier(b) if b == barrier)
+            || self.gc.is_some()
+        {
             return Err(ProtocolError::Unexpected { from, what: format!("release of {barrier}") });
         }
         self.incorporate(from, intervals)?;
-        self.finish_barrier(barrier);
-        Ok(())
+        if gc { self.start_gc(barrier) } else { Ok(self.finish_barrier(barrier)) }
     }
 }

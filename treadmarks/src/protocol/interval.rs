@@ -9,8 +9,11 @@
 //! index) and its write notices: the pages written in it. Records are what lock grants and the
 //! barrier manager carry; the race checker and garbage collection build on them.
 //!
-//! Invariant: for every node `n`, the log holds the records of `n`'s intervals `1..=vt[n]` (the
-//! knowledge of a node is closed under happened-before, so it is always a prefix per node).
+//! Invariant: for every node `n`, the log holds the records of `n`'s intervals
+//! `base[n]+1..=vt[n]` (the knowledge of a node is closed under happened-before, so it is always
+//! a prefix per node). Garbage collection drops everything up to the timestamp of a collecting
+//! barrier, which every node has reached: `base` is that timestamp, and nobody ever asks for a
+//! record below it again.
 
 use super::ids::{IntervalIdx, LockId, NodeId, PageIdx};
 use super::vtime::VectorTime;
@@ -35,40 +38,56 @@ pub struct IntervalRecord {
 #[derive(Debug, Clone)]
 pub struct IntervalLog {
     per_node: Vec<Vec<IntervalRecord>>,
+    base: Vec<IntervalIdx>,
 }
 
 impl IntervalLog {
     /// An empty log for `n` nodes.
     pub fn new(n: usize) -> Self {
-        IntervalLog { per_node: vec![Vec::new(); n] }
+        IntervalLog { per_node: vec![Vec::new(); n], base: vec![0; n] }
     }
 
-    /// Highest interval of `n` in the log.
+    /// Highest interval of `n` in the log (or dropped by garbage collection).
     pub fn known(&self, n: NodeId) -> IntervalIdx {
-        self.per_node[n.idx()].len() as IntervalIdx
+        self.base[n.idx()] + self.per_node[n.idx()].len() as IntervalIdx
     }
 
-    /// Record `index` of node `n`, if known.
+    /// Record `index` of node `n`, if held.
     pub fn get(&self, n: NodeId, index: IntervalIdx) -> Option<&IntervalRecord> {
-        let i = (index as usize).checked_sub(1)?;
+        let i = (index as usize).checked_sub(self.base[n.idx()] as usize + 1)?;
         self.per_node[n.idx()].get(i)
     }
 
     /// Appends the next record of its node. Panics if it is not the next one (callers check).
     pub fn push(&mut self, rec: IntervalRecord) {
-        let log = &mut self.per_node[rec.node.idx()];
-        assert_eq!(rec.index as usize, log.len() + 1, "interval log gap for {}", rec.node);
-        log.push(rec);
+        let next = self.known(rec.node) + 1;
+        assert_eq!(rec.index, next, "interval log gap for {}", rec.node);
+        self.per_node[rec.node.idx()].push(rec);
     }
 
-    /// Records of every node newer than `vt`: what a node at `vt` lacks.
+    /// Records of every node newer than `vt`: what a node at `vt` lacks. `vt` must not be older
+    /// than the last collection (every node passed that barrier).
     pub fn newer_than(&self, vt: &VectorTime) -> Vec<IntervalRecord> {
         let mut out = Vec::new();
         for (n, log) in self.per_node.iter().enumerate() {
-            let from = (vt.entries()[n] as usize).min(log.len());
+            let from = (vt.entries()[n].saturating_sub(self.base[n]) as usize).min(log.len());
             out.extend_from_slice(&log[from..]);
         }
         out
+    }
+
+    /// Every record held, oldest first per node.
+    pub fn iter(&self) -> impl Iterator<Item = &IntervalRecord> {
+        self.per_node.iter().flatten()
+    }
+
+    /// Drops every record: the new base is `vt`, which must be what the log knows.
+    pub fn collect(&mut self, vt: &VectorTime) {
+        for (n, log) in self.per_node.iter_mut().enumerate() {
+            debug_assert_eq!(self.base[n] + log.len() as IntervalIdx, vt.entries()[n]);
+            self.base[n] = vt.entries()[n];
+            *log = Vec::new();
+        }
     }
 
     /// Total records held.
@@ -107,6 +126,21 @@ mod tests {
         assert_eq!(ids, vec![(0, 2), (1, 1)]);
         assert!(log.newer_than(&VectorTime::from_entries(vec![2, 1])).is_empty());
         assert_eq!(log.known(NodeId(0)), 2);
+    }
+
+    #[test]
+    fn collection_keeps_indices_and_drops_records() {
+        let mut log = IntervalLog::new(2);
+        log.push(rec(0, 1, &[1, 0]));
+        log.push(rec(1, 1, &[1, 1]));
+        log.collect(&VectorTime::from_entries(vec![1, 1]));
+        assert!(log.is_empty());
+        assert_eq!(log.known(NodeId(0)), 1);
+        log.push(rec(0, 2, &[2, 1]));
+        assert_eq!(log.get(NodeId(0), 2).map(|r| r.index), Some(2));
+        assert!(log.get(NodeId(0), 1).is_none());
+        let lacking = log.newer_than(&VectorTime::from_entries(vec![1, 1]));
+        assert_eq!(lacking.len(), 1);
     }
 
     #[test]

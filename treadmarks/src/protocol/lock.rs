@@ -62,6 +62,7 @@ impl<M: PageMemory> Node<M> {
     pub fn request_acquire(&mut self, lock: LockId) -> Result<(), ProtocolError> {
         self.check_lock(lock)?;
         self.begin("acquire")?;
+        self.warn_if_collection_overdue();
         let st = &mut self.locks[lock.idx()];
         if st.held {
             return Err(ProtocolError::AlreadyHeld { lock });
@@ -94,6 +95,7 @@ impl<M: PageMemory> Node<M> {
         if let Some((to, vt)) = self.locks[lock.idx()].next.take() {
             self.grant(lock, to, &vt);
         }
+        self.app_ran = true; // the application goes on at once
         self.deliver_local()
     }
 

@@ -17,6 +17,7 @@ pub mod barrier;
 pub mod collective;
 pub mod diff;
 pub mod error;
+pub mod gc;
 pub mod ids;
 pub mod interval;
 pub mod lock;

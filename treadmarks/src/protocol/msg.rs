@@ -40,15 +40,24 @@ pub enum Message {
     LockForward { lock: LockId, requester: NodeId, vt: VectorTime },
     /// Releaser → acquirer: the lock, with every interval the acquirer lacks.
     LockGrant { lock: LockId, intervals: Vec<IntervalRecord> },
-    /// Client → barrier manager (node 0): arrival, with the client's intervals the manager lacks.
-    BarrierArrive { barrier: BarrierId, vt: VectorTime, intervals: Vec<IntervalRecord> },
-    /// Barrier manager → client: every interval the client lacks.
-    BarrierRelease { barrier: BarrierId, intervals: Vec<IntervalRecord> },
+    /// Client → barrier manager (node 0): arrival, with the client's intervals the manager lacks;
+    /// `gc`: the client's consistency data is over the threshold (or it asked to collect).
+    BarrierArrive { barrier: BarrierId, vt: VectorTime, intervals: Vec<IntervalRecord>, gc: bool },
+    /// Barrier manager → client: every interval the client lacks; `gc`: this barrier collects.
+    BarrierRelease { barrier: BarrierId, intervals: Vec<IntervalRecord>, gc: bool },
+    /// Node → barrier manager: I have validated every page I must keep (collecting barrier).
+    GcDone,
+    /// Barrier manager → all: everybody has validated; drop consistency data and go on.
+    GcRelease,
     /// Faulting node → writer: your diffs of `page` for your intervals up to `want`, newer than
     /// diff `after_seq` (which the requester has already applied).
     DiffRequest { page: PageIdx, want: IntervalIdx, after_seq: DiffSeq },
     /// Writer → faulting node.
     DiffReply { page: PageIdx, diffs: Vec<DiffWire> },
+    /// Node that dropped `page` at a collection → a node holding a copy: send it whole.
+    PageRequest { page: PageIdx },
+    /// The whole page.
+    PageReply { page: PageIdx, bytes: serde_bytes::ByteBuf },
     /// Any node → node 0: allocate.
     AllocRequest { bytes: u64, align: u64 },
     /// Node 0 → requester: the heap offset, or why not.
@@ -81,6 +90,8 @@ pub enum MsgKind {
     BarrierRelease,
     DiffRequest,
     DiffReply,
+    Page,
+    Gc,
     Alloc,
     Distribute,
     Exit,
@@ -90,7 +101,7 @@ pub enum MsgKind {
 
 impl MsgKind {
     /// Every kind, in display order.
-    pub const ALL: [MsgKind; 12] = [
+    pub const ALL: [MsgKind; 14] = [
         MsgKind::LockRequest,
         MsgKind::LockForward,
         MsgKind::LockGrant,
@@ -98,6 +109,8 @@ impl MsgKind {
         MsgKind::BarrierRelease,
         MsgKind::DiffRequest,
         MsgKind::DiffReply,
+        MsgKind::Page,
+        MsgKind::Gc,
         MsgKind::Alloc,
         MsgKind::Distribute,
         MsgKind::Exit,
@@ -115,6 +128,8 @@ impl MsgKind {
             MsgKind::BarrierRelease => "barrier_release",
             MsgKind::DiffRequest => "diff_request",
             MsgKind::DiffReply => "diff_reply",
+            MsgKind::Page => "page",
+            MsgKind::Gc => "gc",
             MsgKind::Alloc => "alloc",
             MsgKind::Distribute => "distribute",
             MsgKind::Exit => "exit",
@@ -135,6 +150,8 @@ impl Message {
             Message::BarrierRelease { .. } => MsgKind::BarrierRelease,
             Message::DiffRequest { .. } => MsgKind::DiffRequest,
             Message::DiffReply { .. } => MsgKind::DiffReply,
+            Message::PageRequest { .. } | Message::PageReply { .. } => MsgKind::Page,
+            Message::GcDone | Message::GcRelease => MsgKind::Gc,
             Message::AllocRequest { .. }
             | Message::AllocReply { .. }
             | Message::FreeRequest { .. }

@@ -12,6 +12,7 @@
 use super::ProtocolError;
 use super::alloc::Allocator;
 use super::barrier::BarrierEpisode;
+use super::gc::{Accounting, GcRound};
 use super::ids::{BarrierId, IntervalIdx, LockId, NodeId, PageIdx};
 use super::interval::{IntervalLog, IntervalRecord};
 use super::lock::LockState;
@@ -20,7 +21,7 @@ use super::msg::{AllocFailure, Message};
 use super::page::{Miss, PageMeta};
 use super::stats::ProtocolStats;
 use super::vtime::VectorTime;
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// Static configuration of a node; identical on every node except `me`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -31,6 +32,8 @@ pub struct NodeConfig {
     pub nbarriers: u32,
     /// Heap size in bytes (node 0's allocator manages it).
     pub heap_size: u64,
+    /// Consistency data (bytes) past which this node asks the next barrier to collect.
+    pub gc_threshold: u64,
 }
 
 /// Completion of the application's pending request.
@@ -53,7 +56,7 @@ pub(crate) enum Pending {
     None,
     Acquire(LockId),
     Barrier(BarrierId),
-    Miss(Miss),
+    Fault,
     Alloc,
     Free,
     Distribute(u64),
@@ -73,6 +76,10 @@ pub struct Node<M> {
     pub(crate) pages: Vec<PageMeta>,
     /// Pages with a twin, i.e. written since their last diff.
     pub(crate) twinned: BTreeSet<PageIdx>,
+    /// The application has run since the open interval began (so it may have written pages that
+    /// have a twin). An interval closes only if this is so: a node blocked since it closed its
+    /// interval (at a barrier arrival, say) has written nothing new.
+    pub(crate) app_ran: bool,
     pub(crate) diff_seq: u64,
     pub(crate) locks: Vec<LockState>,
     /// Locks held at some point during the open interval.
@@ -85,6 +92,17 @@ pub struct Node<M> {
     pub(crate) distributed: VecDeque<(u64, Vec<u8>)>,
     pub(crate) exit_arrived: Vec<bool>,
     pub(crate) pending: Pending,
+    /// Access misses in flight (the application's, or a collection's validations).
+    pub(crate) misses: BTreeMap<PageIdx, Miss>,
+    pub(crate) acct: Accounting,
+    pub(crate) gc: Option<GcRound>,
+    /// Manager only: who has sent `GcDone` in this collection.
+    pub(crate) gc_done: Vec<bool>,
+    /// The application asked the next barrier to collect.
+    pub(crate) gc_force: bool,
+    /// Whether we already warned that the threshold passed with no barrier in sight.
+    pub(crate) gc_warned: bool,
+    pub(crate) warnings: VecDeque<String>,
     pub(crate) outbox: VecDeque<(NodeId, Message)>,
     pub(crate) done: VecDeque<AppDone>,
     pub(crate) stats: ProtocolStats,
@@ -104,6 +122,7 @@ impl<M: PageMemory> Node<M> {
             log: IntervalLog::new(n),
             pages: vec![PageMeta::default(); npages],
             twinned: BTreeSet::new(),
+            app_ran: true,
             diff_seq: 0,
             locks,
             interval_locks: Vec::new(),
@@ -114,6 +133,13 @@ impl<M: PageMemory> Node<M> {
             distributed: VecDeque::new(),
             exit_arrived: vec![false; n],
             pending: Pending::None,
+            misses: BTreeMap::new(),
+            acct: Accounting::default(),
+            gc: None,
+            gc_done: vec![false; n],
+            gc_force: false,
+            gc_warned: false,
+            warnings: VecDeque::new(),
             outbox: VecDeque::new(),
             done: VecDeque::new(),
             stats: ProtocolStats::default(),
@@ -167,9 +193,16 @@ impl<M: PageMemory> Node<M> {
         self.outbox.pop_front()
     }
 
+    /// A warning for the user (e.g. consistency data over the threshold with no barrier).
+    pub fn poll_warning(&mut self) -> Option<String> {
+        self.warnings.pop_front()
+    }
+
     /// Completion of the pending application request, if it completed.
     pub fn poll_done(&mut self) -> Option<AppDone> {
-        self.done.pop_front()
+        let done = self.done.pop_front();
+        self.app_ran |= done.is_some();
+        done
     }
 
     /// A fault on page `p`: resolves it locally (twin) or starts an access miss.
@@ -207,11 +240,11 @@ impl<M: PageMemory> Node<M> {
                 self.handle_lock_forward(from, lock, requester, vt)
             }
             Message::LockGrant { lock, intervals } => self.handle_lock_grant(from, lock, intervals),
-            Message::BarrierArrive { barrier, vt, intervals } => {
-                self.handle_barrier_arrive(from, barrier, vt, intervals)
+            Message::BarrierArrive { barrier, vt, intervals, gc } => {
+                self.handle_barrier_arrive(from, barrier, vt, intervals, gc)
             }
-            Message::BarrierRelease { barrier, intervals } => {
-                self.handle_barrier_release(from, barrier, intervals)
+            Message::BarrierRelease { barrier, intervals, gc } => {
+                self.handle_barrier_release(from, barrier, intervals, gc)
             }
             Message::DiffRequest { page, want, after_seq } => {
                 self.check_page(from, page)?;
@@ -222,6 +255,17 @@ impl<M: PageMemory> Node<M> {
                 self.check_page(from, page)?;
                 self.handle_diff_reply(from, page, diffs)
             }
+            Message::PageRequest { page } => {
+                self.check_page(from, page)?;
+                self.serve_page(from, page);
+                Ok(())
+            }
+            Message::PageReply { page, bytes } => {
+                self.check_page(from, page)?;
+                self.handle_page_reply(from, page, bytes.into_vec())
+            }
+            Message::GcDone => self.handle_gc_done(from),
+            Message::GcRelease => self.handle_gc_release(from),
             other => self.handle_collective(from, other),
         }
     }
@@ -259,9 +303,10 @@ impl<M: PageMemory> Node<M> {
     /// Closes the open interval if it wrote anything: records its write notices (every page
     /// with a twin) and the locks held during it.
     pub(crate) fn close_interval(&mut self) {
-        if self.twinned.is_empty() {
+        if self.twinned.is_empty() || !self.app_ran {
             return;
         }
+        self.app_ran = false;
         let index = self.open_interval();
         self.vt.set(self.me, index);
         let rec = IntervalRecord {
@@ -273,7 +318,9 @@ impl<M: PageMemory> Node<M> {
         };
         self.stats.intervals += 1;
         self.stats.write_notices_made += rec.pages.len() as u64;
+        self.acct.record_bytes += Accounting::record_size(&rec);
         self.log.push(rec);
+        self.note_peak();
         self.interval_locks = self.locks.iter().filter(|l| l.held).map(|l| l.id).collect();
     }
 
@@ -319,15 +366,17 @@ impl<M: PageMemory> Node<M> {
                 if self.pages[p.idx()].twin.is_some() {
                     self.cut_twin(p, Access::None);
                 }
-                let w = self.pages[p.idx()].writer(rec.node, n);
+                let w = self.pages[p.idx()].writer(rec.node, n, &mut self.acct.writer_tables);
                 w.noticed = w.noticed.max(rec.index);
                 invalid.push(p);
             }
             self.stats.intervals_incorporated += 1;
             self.stats.write_notices_received += rec.pages.len() as u64;
             self.vt.set(rec.node, rec.index.max(self.vt.get(rec.node)));
+            self.acct.record_bytes += Accounting::record_size(&rec);
             self.log.push(rec);
         }
+        self.note_peak();
         invalid.sort_unstable();
         invalid.dedup();
         self.invalidate(&invalid);

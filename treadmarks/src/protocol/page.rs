@@ -62,12 +62,16 @@ pub struct PageMeta {
     /// Per writer, indexed by node; empty until a notice arrives.
     pub writers: Vec<WriterState>,
     pub diffs: Vec<OwnDiff>,
+    /// Set when a collection dropped our copy: fetch a whole copy from this node first.
+    pub base_from: Option<NodeId>,
 }
 
 impl PageMeta {
-    pub(crate) fn writer(&mut self, n: NodeId, nprocs: usize) -> &mut WriterState {
+    /// The state of writer `n`, allocating the per-writer table (counted in `tables`).
+    pub(crate) fn writer(&mut self, n: NodeId, nprocs: usize, tables: &mut u64) -> &mut WriterState {
         if self.writers.is_empty() {
             self.writers = vec![WriterState::default(); nprocs];
+            *tables += 1;
         }
         &mut self.writers[n.idx()]
     }
@@ -78,14 +82,25 @@ impl PageMeta {
     }
 }
 
+/// Who is waiting for an access miss to complete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MissFor {
+    /// The application, blocked in a fault.
+    App,
+    /// A collecting barrier, validating a page this node wrote.
+    Gc,
+}
+
 /// An access miss in progress.
 #[derive(Debug)]
 pub(crate) struct Miss {
-    pub page: PageIdx,
     pub write: bool,
+    pub purpose: MissFor,
     /// Writers asked, with the interval asked up to, and whether they answered.
     pub asked: Vec<(NodeId, IntervalIdx, bool)>,
     pub diffs: Vec<(NodeId, DiffWire)>,
+    /// The node asked for a whole copy (the page was dropped by a collection), and the copy.
+    pub base: Option<(NodeId, Option<Vec<u8>>)>,
 }
 
 impl<M: PageMemory> Node<M> {
@@ -123,6 +138,7 @@ impl<M: PageMemory> Node<M> {
             None => panic!("{p}: twin of interval {first} cut before the interval closed (vt {:?})", self.vt),
         };
         self.diff_seq += 1;
+        self.acct.diff_bytes += (diff.encoded_len() + size_of::<OwnDiff>() + 4 * first_vt.len()) as u64;
         self.stats.diffs_created += 1;
         self.stats.diff_bytes_created += diff.encoded_len() as u64;
         self.pages[p.idx()].diffs.push(OwnDiff { seq: self.diff_seq, first, first_vt, diff });
@@ -139,20 +155,71 @@ impl<M: PageMemory> Node<M> {
             }
             Access::None => {
                 self.stats.read_misses += 1;
-                let mut asked = Vec::new();
-                for (n, w) in self.pages[p.idx()].writers.iter().enumerate() {
-                    if w.noticed > w.applied {
-                        asked.push((NodeId(n as u16), w.noticed, false));
-                        let req = Message::DiffRequest { page: p, want: w.noticed, after_seq: w.applied_seq };
-                        self.outbox.push_back((NodeId(n as u16), req));
-                    }
-                }
-                self.stats.diff_requests_sent += asked.len() as u64;
-                self.pending = Pending::Miss(Miss { page: p, write, asked, diffs: Vec::new() });
-                return self.try_finish_miss();
+                self.pending = Pending::Fault;
+                return self.start_miss(p, write, MissFor::App);
             }
         }
         Ok(())
+    }
+
+    /// Asks every writer with unapplied notices for its diffs, in parallel, and the base copy if
+    /// the page was dropped by a collection.
+    pub(crate) fn start_miss(
+        &mut self,
+        p: PageIdx,
+        write: bool,
+        purpose: MissFor,
+    ) -> Result<(), ProtocolError> {
+        let mut asked = Vec::new();
+        for (n, w) in self.pages[p.idx()].writers.iter().enumerate() {
+            if w.noticed > w.applied {
+                asked.push((NodeId(n as u16), w.noticed, false));
+                let req = Message::DiffRequest { page: p, want: w.noticed, after_seq: w.applied_seq };
+                self.outbox.push_back((NodeId(n as u16), req));
+            }
+        }
+        self.stats.diff_requests_sent += asked.len() as u64;
+        let base = self.pages[p.idx()].base_from.map(|h| {
+            self.outbox.push_back((h, Message::PageRequest { page: p }));
+            self.stats.page_requests_sent += 1;
+            (h, None)
+        });
+        self.misses.insert(p, Miss { write, purpose, asked, diffs: Vec::new(), base });
+        self.try_finish_miss(p)
+    }
+
+    /// Serves a whole copy of page `p` (to a node that dropped it). Access is revoked while the
+    /// bytes are read, then restored: the twin, if any, is untouched.
+    pub(crate) fn serve_page(&mut self, from: NodeId, p: PageIdx) {
+        let access = self.mem.access(p);
+        if access != Access::None {
+            self.mem.set_access(p, 1, Access::None);
+        }
+        let bytes = serde_bytes::ByteBuf::from(self.mem.page(p).to_vec());
+        if access != Access::None {
+            self.mem.set_access(p, 1, access);
+        }
+        self.stats.pages_served += 1;
+        self.outbox.push_back((from, Message::PageReply { page: p, bytes }));
+    }
+
+    pub(crate) fn handle_page_reply(
+        &mut self,
+        from: NodeId,
+        p: PageIdx,
+        bytes: Vec<u8>,
+    ) -> Result<(), ProtocolError> {
+        let page_size = self.mem.page_size();
+        let slot =
+            self.misses.get_mut(&p).and_then(|m| m.base.as_mut()).filter(|(h, b)| *h == from && b.is_none());
+        match slot {
+            Some(slot) if bytes.len() == page_size => slot.1 = Some(bytes),
+            _ => {
+                let what = format!("page reply for {p} ({} bytes, pages are {page_size})", bytes.len());
+                return Err(ProtocolError::Unexpected { from, what });
+            }
+        }
+        self.try_finish_miss(p)
     }
 
     /// Serves a diff request: cuts the twin if it holds changes the requester wants, then sends
@@ -178,30 +245,34 @@ impl<M: PageMemory> Node<M> {
         p: PageIdx,
         diffs: Vec<DiffWire>,
     ) -> Result<(), ProtocolError> {
-        let unexpected = || ProtocolError::Unexpected { from, what: format!("diff reply for {p}") };
-        let Pending::Miss(miss) = &mut self.pending else { return Err(unexpected()) };
-        if miss.page != p {
-            return Err(unexpected());
-        }
-        let slot = miss.asked.iter_mut().find(|(n, _, answered)| *n == from && !answered);
-        let Some(slot) = slot else { return Err(unexpected()) };
-        slot.2 = true;
+        let slot = self.misses.get_mut(&p).and_then(|m| {
+            let i = m.asked.iter().position(|(n, _, answered)| *n == from && !answered)?;
+            m.asked[i].2 = true;
+            Some(m)
+        });
+        let Some(miss) = slot else {
+            return Err(ProtocolError::Unexpected { from, what: format!("diff reply for {p}") });
+        };
         miss.diffs.extend(diffs.into_iter().map(|d| (from, d)));
-        self.try_finish_miss()
+        self.try_finish_miss(p)
     }
 
-    /// Applies the gathered diffs once every writer has answered, in timestamp order.
-    fn try_finish_miss(&mut self) -> Result<(), ProtocolError> {
-        let Pending::Miss(miss) = &self.pending else { return Ok(()) };
-        if miss.asked.iter().any(|a| !a.2) {
+    /// Once every writer (and the base copy's holder) has answered: installs the base copy, then
+    /// applies the diffs in timestamp order.
+    fn try_finish_miss(&mut self, p: PageIdx) -> Result<(), ProtocolError> {
+        let Some(miss) = self.misses.get(&p) else { return Ok(()) };
+        if miss.asked.iter().any(|a| !a.2) || miss.base.as_ref().is_some_and(|b| b.1.is_none()) {
             return Ok(());
         }
-        let Pending::Miss(mut miss) = std::mem::take(&mut self.pending) else { unreachable!() };
-        let p = miss.page;
+        let mut miss = self.misses.remove(&p).expect("checked");
+        if let Some((_, Some(bytes))) = miss.base.take() {
+            self.mem.page_mut(p).copy_from_slice(&bytes);
+            self.pages[p.idx()].base_from = None;
+        }
         miss.diffs.sort_by_key(|(n, d)| (d.first_vt.sum(), *n, d.seq));
         let nprocs = self.nprocs();
         for (n, d) in &miss.diffs {
-            let w = self.pages[p.idx()].writer(*n, nprocs);
+            let w = self.pages[p.idx()].writer(*n, nprocs, &mut self.acct.writer_tables);
             if d.seq <= w.applied_seq {
                 continue;
             }
@@ -215,7 +286,7 @@ impl<M: PageMemory> Node<M> {
             self.stats.diff_bytes_applied += d.diff.encoded_len() as u64;
         }
         for (n, want, _) in &miss.asked {
-            let w = self.pages[p.idx()].writer(*n, nprocs);
+            let w = self.pages[p.idx()].writer(*n, nprocs, &mut self.acct.writer_tables);
             w.applied = w.applied.max(*want);
         }
         debug_assert!(!self.pages[p.idx()].is_stale(), "{p} still stale after its miss");
@@ -224,7 +295,13 @@ impl<M: PageMemory> Node<M> {
         } else {
             self.mem.set_access(p, 1, Access::Read);
         }
-        self.done.push_back(AppDone::FaultResolved(p));
+        match miss.purpose {
+            MissFor::App => {
+                self.pending = Pending::None;
+                self.done.push_back(AppDone::FaultResolved(p));
+            }
+            MissFor::Gc => self.gc_page_validated(),
+        }
         Ok(())
     }
 }

@@ -21,6 +21,7 @@ impl Net {
                     nlocks: 8,
                     nbarriers: 2,
                     heap_size: 4 * PAGE as u64,
+                    gc_threshold: u64::MAX,
                 };
                 Node::new(cfg, VecMemory::new(4, PAGE, if n == 1 { Access::ReadWrite } else { Access::Read }))
             })
@@ -179,6 +180,7 @@ fn bad_input_from_a_peer_is_an_error_not_a_panic() {
             pages: vec![],
             locks: vec![],
         }],
+        gc: false,
     };
     n.request_barrier(BarrierId(0)).unwrap();
     // Node 0 is the manager, so a release *to* it is unexpected; either way: an error, no panic.

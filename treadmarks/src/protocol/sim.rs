@@ -57,6 +57,8 @@ struct Shape {
     words: u32,
     nlocks: u32,
     phases: usize,
+    /// Consistency bytes past which barriers collect: tiny (most barriers collect) or never.
+    gc_threshold: u64,
 }
 
 fn generate(rng: &mut Rng, s: &Shape) -> Vec<Vec<Op>> {
@@ -145,6 +147,7 @@ impl Sim {
                     nlocks: s.nlocks,
                     nbarriers: 3,
                     heap_size: (npages as usize * PAGE) as u64,
+                    gc_threshold: s.gc_threshold,
                 };
                 let node = Node::new(cfg, VecMemory::new(npages, PAGE, access));
                 SimNode { node, prog, pc: 0, blocked: false, fast_twins: Vec::new(), exited: false }
@@ -303,6 +306,7 @@ fn run_seed(seed: u64) -> Vec<ProtocolStats> {
         words: WORDS_PER_PAGE * (1 + pick.below(4) as u32),
         nlocks: 1 + pick.below(3) as u32,
         phases: 1 + pick.below(6) as usize,
+        gc_threshold: [u64::MAX, 0, 300, 2000][pick.below(4) as usize],
     };
     let result = std::panic::catch_unwind(|| {
         let mut sim = Sim::new(seed, &shape);
@@ -342,6 +346,9 @@ fn random_data_race_free_programs_read_sequentially_consistent_values() {
             totals.twins += s.twins;
             totals.lock_acquires_remote += s.lock_acquires_remote;
             totals.invalidations += s.invalidations;
+            totals.collections += s.collections;
+            totals.pages_dropped += s.pages_dropped;
+            totals.page_requests_sent += s.page_requests_sent;
         }
     }
     eprintln!("sim totals: {totals:?}");
@@ -349,4 +356,8 @@ fn random_data_race_free_programs_read_sequentially_consistent_values() {
     assert!(totals.diffs_applied > 1000, "{totals:?}");
     assert!(totals.fast_twins > 1000 && totals.twins > 1000, "{totals:?}");
     assert!(totals.lock_acquires_remote > 1000 && totals.invalidations > 1000, "{totals:?}");
+    assert!(
+        totals.collections > 500 && totals.pages_dropped > 100 && totals.page_requests_sent > 100,
+        "{totals:?}"
+    );
 }

@@ -33,4 +33,13 @@ pub struct ProtocolStats {
     pub lock_acquires_remote: u64,
     /// Barriers passed.
     pub barriers: u64,
+    /// Whole pages asked for (after a collection dropped our copy) and served.
+    pub page_requests_sent: u64,
+    pub pages_served: u64,
+    /// Collections, the stale copies they dropped, and the consistency data they reclaimed.
+    pub collections: u64,
+    pub pages_dropped: u64,
+    pub gc_bytes_reclaimed: u64,
+    /// Most consistency data (records, notices, twins, diffs) held at once, in bytes.
+    pub peak_consistency_bytes: u64,
 }

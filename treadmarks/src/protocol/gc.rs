@@ -1,0 +1,181 @@
+//! Garbage collection of consistency data, at barriers.
+//!
+//! Interval records, write notices and diffs pile up with every interval. When any node's
+//! consistency data passes the threshold (or the application asks, [`Node::request_collect`]),
+//! the next barrier collects; the decision rides on the barrier messages:
+//!
+//! 1. Arrivals carry "I am over the threshold"; the release carries the manager's decision. At a
+//!    barrier every node has every interval, so every node computes the same writers `W(p)` of
+//!    each page since the last collection, from the interval records.
+//! 2. Each node brings up to date every page it wrote (`me ∈ W(p)`) whose copy is stale, by
+//!    fetching the other writers' diffs. A node that did not write a page and holds a stale copy
+//!    drops it: its copy stays invalid, and its first access later fetches a whole copy from
+//!    `min(W(p))`, a writer, which is certain to hold a valid one. Valid copies are kept.
+//! 3. Each node then sends `GcDone` to the manager; other nodes may still be fetching diffs from
+//!    it until everybody is done. The manager answers everybody with `GcRelease`.
+//! 4. Only then does each node drop all interval records, write notices, diffs and twins (the
+//!    pages with twins are write-protected again, so the next write makes a fresh one), and the
+//!    barrier completes.
+//!
+//! Between collections, the memory held is accounted as it grows ([`Accounting`]), so deciding
+//! costs nothing.
+
+use super::ProtocolError;
+use super::ids::{BarrierId, NodeId, PageIdx};
+use super::interval::IntervalRecord;
+use super::memory::{Access, PageMemory};
+use super::msg::Message;
+use super::node::{Node, Pending};
+use super::page::MissFor;
+use std::collections::BTreeMap;
+
+/// Bytes of consistency data held, by kind (twins are counted from the twinned set).
+#[derive(Debug, Clone, Default)]
+pub struct Accounting {
+    /// Interval records (ours and others', including those a barrier manager buffers).
+    pub record_bytes: u64,
+    /// Our diffs.
+    pub diff_bytes: u64,
+    /// Pages with a per-writer notice table.
+    pub writer_tables: u64,
+}
+
+impl Accounting {
+    /// What one interval record costs to hold.
+    pub fn record_size(r: &IntervalRecord) -> u64 {
+        (size_of::<IntervalRecord>() + 4 * (r.vt.len() + r.pages.len() + r.locks.len())) as u64
+    }
+}
+
+/// A collection in progress on this node.
+#[derive(Debug, Clone)]
+pub(crate) struct GcRound {
+    pub barrier: BarrierId,
+    /// Pages still being validated.
+    pub validating: usize,
+}
+
+impl<M: PageMemory> Node<M> {
+    /// Bytes of consistency data this node holds now.
+    pub fn consistency_bytes(&self) -> u64 {
+        let a = &self.acct;
+        let twins = (self.twinned.len() * self.mem.page_size()) as u64;
+        let tables = a.writer_tables * (self.nprocs() * size_of::<super::page::WriterState>()) as u64;
+        a.record_bytes + a.diff_bytes + twins + tables
+    }
+
+    pub(crate) fn note_peak(&mut self) {
+        let now = self.consistency_bytes();
+        self.stats.peak_consistency_bytes = self.stats.peak_consistency_bytes.max(now);
+    }
+
+    pub(crate) fn wants_gc(&self) -> bool {
+        self.gc_force || self.consistency_bytes() > self.cfg.gc_threshold
+    }
+
+    /// Lock-only programs never collect by themselves: say so once when it is overdue.
+    pub(crate) fn warn_if_collection_overdue(&mut self) {
+        if !self.gc_warned && self.consistency_bytes() > self.cfg.gc_threshold {
+            self.gc_warned = true;
+            self.warnings.push_back(format!(
+                "consistency data is {} bytes, over the collection threshold of {} bytes, and only a \
+                 barrier collects it: call Tmk::collect() (a collective) or a barrier now and then",
+                self.consistency_bytes(),
+                self.cfg.gc_threshold
+            ));
+        }
+    }
+
+    /// Like [`Node::request_barrier`], and the barrier collects whatever the threshold says.
+    pub fn request_collect(&mut self, barrier: BarrierId) -> Result<(), ProtocolError> {
+        self.begin("collect")?;
+        self.gc_force = true;
+        self.request_barrier(barrier)
+    }
+
+    /// Step 2: validate the pages we wrote, drop the stale copies of pages we did not.
+    pub(crate) fn start_gc(&mut self, barrier: BarrierId) -> Result<(), ProtocolError> {
+        let mut writers: BTreeMap<PageIdx, (NodeId, bool)> = BTreeMap::new();
+        for rec in self.log.iter() {
+            for &p in &rec.pages {
+                let e = writers.entry(p).or_insert((rec.node, false));
+                e.0 = e.0.min(rec.node);
+                e.1 |= rec.node == self.me;
+            }
+        }
+        self.gc = Some(GcRound { barrier, validating: 0 });
+        let mut validate = Vec::new();
+        for (p, (first_writer, we_wrote)) in writers {
+            if !self.pages[p.idx()].is_stale() {
+                continue;
+            }
+            if we_wrote {
+                validate.push(p);
+            } else {
+                debug_assert_eq!(self.mem.access(p), Access::None);
+                self.pages[p.idx()].base_from = Some(first_writer);
+                self.stats.pages_dropped += 1;
+            }
+        }
+        self.gc.as_mut().expect("just set").validating = validate.len();
+        if validate.is_empty() {
+            self.outbox.push_back((NodeId(0), Message::GcDone));
+        }
+        for p in validate {
+            self.start_miss(p, false, MissFor::Gc)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn gc_page_validated(&mut self) {
+        let round = self.gc.as_mut().expect("a collection is in progress");
+        round.validating -= 1;
+        if round.validating == 0 {
+            self.outbox.push_back((NodeId(0), Message::GcDone));
+        }
+    }
+
+    pub(crate) fn handle_gc_done(&mut self, from: NodeId) -> Result<(), ProtocolError> {
+        if self.me != NodeId(0) || std::mem::replace(&mut self.gc_done[from.idx()], true) {
+            return Err(ProtocolError::Unexpected { from, what: "gc done".into() });
+        }
+        if self.gc_done.iter().all(|&d| d) {
+            self.gc_done.iter_mut().for_each(|d| *d = false);
+            for n in 0..self.cfg.nprocs {
+                self.outbox.push_back((NodeId(n), Message::GcRelease));
+            }
+        }
+        Ok(())
+    }
+
+    /// Step 4: everybody has validated; drop records, notices, diffs and twins.
+    pub(crate) fn handle_gc_release(&mut self, from: NodeId) -> Result<(), ProtocolError> {
+        let round = match (&self.gc, &self.pending) {
+            (Some(round), Pending::Barrier(b))
+                if from == NodeId(0) && round.barrier == *b && round.validating == 0 =>
+            {
+                round.clone()
+            }
+            _ => return Err(ProtocolError::Unexpected { from, what: "gc release".into() }),
+        };
+        let before = self.consistency_bytes();
+        self.log.collect(&self.vt);
+        for p in std::mem::take(&mut self.twinned) {
+            self.pages[p.idx()].twin = None;
+            self.mem.set_access(p, 1, Access::Read);
+        }
+        for meta in &mut self.pages {
+            meta.writers = Vec::new();
+            meta.diffs = Vec::new();
+        }
+        self.acct = Accounting::default();
+        self.sent_to_manager = self.vt.get(self.me);
+        self.stats.collections += 1;
+        self.stats.gc_bytes_reclaimed += before.saturating_sub(self.consistency_bytes());
+        self.gc = None;
+        self.gc_force = false;
+        self.gc_warned = false;
+        self.finish_barrier(round.barrier);
+        Ok(())
+    }
+}
