@@ -93,7 +93,11 @@ impl<M: PageMemory> Node<M> {
             let intervals = self.log.newer_than(&vt);
             self.outbox.push_back((to, Message::BarrierRelease { barrier, intervals, gc }));
         }
-        if gc { self.start_gc(barrier) } else { Ok(self.finish_barrier(barrier)) }
+        if gc {
+            return self.start_gc(barrier);
+        }
+        self.finish_barrier(barrier);
+        Ok(())
     }
 
     pub(crate) fn finish_barrier(&mut self, barrier: BarrierId) {
@@ -116,6 +120,10 @@ impl<M: PageMemory> Node<M> {
             return Err(ProtocolError::Unexpected { from, what: format!("release of {barrier}") });
         }
         self.incorporate(from, intervals)?;
-        if gc { self.start_gc(barrier) } else { Ok(self.finish_barrier(barrier)) }
+        if gc {
+            return self.start_gc(barrier);
+        }
+        self.finish_barrier(barrier);
+        Ok(())
     }
 }
