@@ -42,6 +42,10 @@ pub struct Stats {
     pub lock_wait: Duration,
     pub barrier_wait: Duration,
     pub miss_wait: Duration,
+    /// Time spent in collections (from a collecting barrier's release to the end of collection).
+    pub gc_time: Duration,
+    /// Consistency data held when the statistics were taken, in bytes.
+    pub consistency_bytes: u64,
 }
 
 impl Stats {
@@ -112,6 +116,17 @@ impl fmt::Display for Stats {
             p.barriers,
             ms(self.barrier_wait),
             ms(self.miss_wait)
+        )?;
+        writeln!(
+            f,
+            "  collections: {}   time {:.3} ms   reclaimed {} B   stale copies dropped {}   pages fetched whole {}   consistency data {} B (peak {} B)",
+            p.collections,
+            ms(self.gc_time),
+            p.gc_bytes_reclaimed,
+            p.pages_dropped,
+            p.page_requests_sent,
+            self.consistency_bytes,
+            p.peak_consistency_bytes
         )?;
         writeln!(f, "  {:<16} {:>10} {:>12} {:>10} {:>12}", "message", "sent", "bytes", "received", "bytes")?;
         for (i, k) in MsgKind::ALL.iter().enumerate() {

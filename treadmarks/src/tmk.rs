@@ -228,6 +228,17 @@ impl Tmk {
         r.map(drop)
     }
 
+    /// Collective: a barrier that also collects consistency data (interval records, write
+    /// notices, diffs, twins) whatever the threshold says. Barriers collect by themselves when a
+    /// node passes `TMK_GC_THRESHOLD`; programs that synchronize only with locks call this now
+    /// and then (a node warns once when its data passes the threshold with no barrier).
+    pub fn collect(&mut self) -> Result<()> {
+        let t = Instant::now();
+        let r = self.done(Command::Collect(BarrierId(0)));
+        self.barrier_wait += t.elapsed();
+        r.map(drop)
+    }
+
     /// Round trip to node `peer` through both runtimes (for measurements).
     pub fn ping(&mut self, peer: usize) -> Result<()> {
         self.done(Command::Ping(NodeId(peer as u16))).map(drop)

@@ -163,6 +163,106 @@ fn errors(tmk: &mut Tmk) -> R {
     tmk.barrier(0)
 }
 
+/// A long iterative kernel (thousands of barriers) under a small collection threshold: every
+/// node collects, its consistency data stays bounded, and the result equals the sequential one.
+fn gc_long(tmk: &mut Tmk) -> R {
+    let (me, n) = (tmk.proc_id(), tmk.nprocs());
+    let len = n * 8 * 512; // eight pages of u64 per node
+    let iterations = 2000;
+    let step = |src: &[u64], i: usize| {
+        let l = if i == 0 { 7 } else { src[i - 1] };
+        let r = if i + 1 == src.len() { 11 } else { src[i + 1] };
+        l.wrapping_add(src[i].wrapping_mul(3)).wrapping_add(r).rotate_left(1)
+    };
+    let a = shared::<u64>(tmk, len)?;
+    let b = shared::<u64>(tmk, len)?;
+    let (lo, hi) = (me * len / n, (me + 1) * len / n);
+    tmk.view_mut(&a.slice(lo, hi))?.iter_mut().enumerate().for_each(|(k, x)| *x = (lo + k) as u64);
+    tmk.barrier(0)?;
+    for it in 0..iterations {
+        let (src, dst) = if it % 2 == 0 { (a, b) } else { (b, a) };
+        {
+            let src = tmk.view(&src)?;
+            let mut out = tmk.view_mut(&dst.slice(lo, hi))?;
+            for (k, x) in out.iter_mut().enumerate() {
+                *x = step(&src, lo + k);
+            }
+        }
+        tmk.barrier(0)?;
+    }
+    let mut seq: Vec<u64> = (0..len as u64).collect();
+    for _ in 0..iterations {
+        seq = (0..len).map(|i| step(&seq, i)).collect();
+    }
+    let result = if iterations % 2 == 0 { a } else { b };
+    check(*tmk.view(&result)? == seq[..], || "result differs from the sequential run".into())?;
+    let s = tmk.stats()?;
+    let threshold: u64 =
+        std::env::var("TMK_GC_THRESHOLD").ok().and_then(|v| v.parse().ok()).unwrap_or(u64::MAX);
+    let slack = 256 << 10;
+    let p = &s.protocol;
+    check(p.collections >= 5, || format!("only {} collections", p.collections))?;
+    check(p.peak_consistency_bytes <= threshold + slack, || {
+        format!(
+            "peak consistency data {} B > threshold {threshold} + slack {slack}",
+            p.peak_consistency_bytes
+        )
+    })?;
+    println!(
+        "node {me}: {} collections, peak {} B, {} B reclaimed",
+        p.collections, p.peak_consistency_bytes, p.gc_bytes_reclaimed
+    );
+    Ok(())
+}
+
+/// A counter incremented under a lock across collections loses no update.
+fn gc_counter(tmk: &mut Tmk) -> R {
+    let rounds = 10;
+    let c = shared::<u64>(tmk, 1)?;
+    for _ in 0..rounds {
+        for _ in 0..50 {
+            let g = tmk.lock(0)?;
+            g.view_mut(&c)?[0] += 1;
+        }
+        tmk.collect()?;
+    }
+    let got = tmk.view(&c)?[0];
+    let want = (rounds * 50 * tmk.nprocs()) as u64;
+    check(got == want, || format!("counter is {got}, want {want}"))?;
+    let collections = tmk.stats()?.protocol.collections;
+    check(collections == rounds as u64, || format!("{collections} collections, want {rounds}"))
+}
+
+/// A page written by several nodes, collected, then read by a node that dropped its stale copy:
+/// it fetches a whole copy from a writer.
+fn gc_base_copy(tmk: &mut Tmk) -> R {
+    let (me, n) = (tmk.proc_id(), tmk.nprocs());
+    let a = shared::<u32>(tmk, 1024)?; // one page
+    let reader = n - 1;
+    if me == reader {
+        check(tmk.view(&a)?[0] == 0, || "fresh page not zero".into())?; // holds a valid copy
+    }
+    tmk.barrier(0)?;
+    if me != reader {
+        let mut v = tmk.view_mut(&a)?;
+        for w in (me..1024).step_by(n - 1) {
+            v[w] = 1000 + w as u32;
+        }
+    }
+    tmk.collect()?; // the reader's copy is stale and it wrote nothing: it drops it
+    if me == reader {
+        let v = tmk.view(&a)?;
+        let bad = (0..1024).find(|&w| v[w] != 1000 + w as u32);
+        check(bad.is_none(), || format!("word {bad:?} wrong after the collection"))?;
+        drop(v);
+        let s = tmk.stats()?.protocol;
+        check(s.pages_dropped == 1 && s.page_requests_sent == 1, || {
+            format!("dropped {} fetched {}", s.pages_dropped, s.page_requests_sent)
+        })?;
+    }
+    tmk.barrier(0)
+}
+
 fn main() -> ExitCode {
     let result = Tmk::startup().and_then(|mut tmk| {
         let scenario = tmk.args().first().cloned().unwrap_or_default();
@@ -174,6 +274,9 @@ fn main() -> ExitCode {
             "lazy" => lazy(&mut tmk),
             "kill" => kill(&mut tmk),
             "errors" => errors(&mut tmk),
+            "gc-long" => gc_long(&mut tmk),
+            "gc-counter" => gc_counter(&mut tmk),
+            "gc-base-copy" => gc_base_copy(&mut tmk),
             other => Err(Error::Failed(format!("unknown scenario {other:?}"))),
         };
         r?;

@@ -98,7 +98,13 @@ pub fn heap_base(slot: u64) -> String {
 
 /// Runs `scenario` on `n` local nodes.
 pub fn run(scenario: &str, n: usize, slot: u64) -> Outcome {
+    run_with(scenario, n, slot, &[])
+}
+
+/// Runs `scenario` on `n` local nodes with extra environment variables.
+pub fn run_with(scenario: &str, n: usize, slot: u64, env: &[(&str, &str)]) -> Outcome {
     let mut cmd = testnode();
+    cmd.envs(env.iter().copied());
     cmd.args([scenario, "-n", &n.to_string()])
         .env("TMK_HEAP_SIZE", "64MiB")
         .env("TMK_HEAP_BASE", heap_base(slot))

@@ -64,6 +64,11 @@ impl<M: PageMemory> Node<M> {
         a.record_bytes + a.diff_bytes + twins + tables
     }
 
+    /// True while a collection is in progress on this node.
+    pub fn collecting(&self) -> bool {
+        self.gc.is_some()
+    }
+
     pub(crate) fn note_peak(&mut self) {
         let now = self.consistency_bytes();
         self.stats.peak_consistency_bytes = self.stats.peak_consistency_bytes.max(now);

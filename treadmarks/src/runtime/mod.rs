@@ -29,6 +29,8 @@ pub(crate) enum Command {
     Acquire(LockId),
     Release(LockId),
     Barrier(BarrierId),
+    /// A barrier that collects consistency data whatever the threshold says.
+    Collect(BarrierId),
     Alloc {
         bytes: u64,
         align: u64,
@@ -65,6 +67,7 @@ pub(crate) fn start(
             return Ok(Some(Reply::Released));
         }
         Command::Barrier(b) => node.request_barrier(b)?,
+        Command::Collect(b) => node.request_collect(b)?,
         Command::Alloc { bytes, align } => node.request_alloc(bytes, align)?,
         Command::Free(offset) => node.request_free(offset)?,
         Command::Distribute(bytes) => node.request_distribute(bytes)?,
@@ -103,6 +106,7 @@ impl Engine {
                 if matches!(cmd, Command::Stats) {
                     let mut s = (**stats).clone();
                     s.protocol = node.stats().clone();
+                    s.consistency_bytes = node.consistency_bytes();
                     return Ok(Reply::Stats(Box::new(s)));
                 }
                 let reply = start(node, cmd)?.or_else(|| node.poll_done().map(Reply::Done));

@@ -44,6 +44,8 @@ struct Service {
     exiting: bool,
     exited: bool,
     shutdown: bool,
+    /// When the collection in progress began.
+    gc_started: Option<Instant>,
     open: Vec<bool>,
 }
 
@@ -86,6 +88,7 @@ pub(crate) fn spawn(
                         exiting: false,
                         exited: false,
                         shutdown: false,
+                        gc_started: None,
                         open: (0..nprocs).map(|n| n != me.idx()).collect(),
                     };
                     let _ = ready_tx.send(Ok(()));
@@ -236,6 +239,7 @@ impl Service {
     fn snapshot(&self) -> Stats {
         let mut s = self.stats.clone();
         s.protocol = self.node.stats().clone();
+        s.consistency_bytes = self.node.consistency_bytes();
         let c = self.heap.counters();
         s.fast_write_faults = c.fast_write_faults;
         s.fault_handoffs = c.handoffs;
@@ -244,6 +248,17 @@ impl Service {
 
     /// Sends what the node wants sent and hands completions to the application.
     fn pump(&mut self) {
+        match (self.gc_started, self.node.collecting()) {
+            (None, true) => self.gc_started = Some(Instant::now()),
+            (Some(t), false) => {
+                self.stats.gc_time += t.elapsed();
+                self.gc_started = None;
+            }
+            _ => {}
+        }
+        while let Some(w) = self.node.poll_warning() {
+            crate::report(&format!("treadmarks: {}: warning: {w}", self.node.id()));
+        }
         while let Some((to, msg)) = self.node.poll_transmit() {
             let mut frame = Vec::new();
             let sent = codec::encode_frame(&msg, &mut frame).map_err(|e| e.to_string()).and_then(|n| {

@@ -1,0 +1,24 @@
+//! Garbage collection at barriers, on real processes.
+
+mod support;
+
+use support::{run, run_with};
+
+#[test]
+fn a_long_run_with_a_small_threshold_collects_and_stays_bounded() {
+    // 2000 barriers; 256 KiB threshold, checked against peak + 256 KiB slack on every node.
+    let out = run_with("gc-long", 4, 20, &[("TMK_GC_THRESHOLD", "262144")]);
+    out.assert_pass("gc-long");
+    assert_eq!(out.stdout.matches("collections, peak").count(), 4, "{out:#?}");
+}
+
+#[test]
+fn lock_protected_updates_survive_collections() {
+    run("gc-counter", 4, 21).assert_pass("gc-counter");
+}
+
+#[test]
+fn a_node_that_dropped_a_page_fetches_a_whole_copy() {
+    run("gc-base-copy", 3, 22).assert_pass("gc-base-copy");
+    run("gc-base-copy", 4, 23).assert_pass("gc-base-copy");
+}
