@@ -1,10 +1,39 @@
-//! What the example applications share: argument parsing, timing and the PASS/FAIL verdict.
-#![forbid(unsafe_code)]
+//! What the example applications share: argument parsing, the three run modes, timing, the
+//! result line and the PASS/FAIL verdict.
+//!
+//! Every app is one binary taking `-n N`, `--mode dsm|seq|threads` and its own size flags. It
+//! times its parallel section only, checks its result against a sequential computation, and
+//! prints (node 0 only, in DSM mode):
+//!
+//! ```text
+//! RESULT app=sor mode=dsm nprocs=2 secs=0.1234 detail="2000x1000, 100 iterations"
+//! PASS
+//! ```
+//!
+//! `tools/` parses the `RESULT` line; with `TMK_STATS=json` every node also prints its
+//! statistics as one `TMK_STATS {...}` line on standard error.
 
+pub mod shared_mut;
+
+use std::process::ExitCode;
 use std::time::Instant;
+use treadmarks::Tmk;
+
+pub use shared_mut::SharedMut;
+
+/// How an app runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// On `-n` treadmarks nodes (processes).
+    Dsm,
+    /// One thread, no DSM: the baseline for speedups.
+    Seq,
+    /// `-n` threads sharing real memory: the baseline for DSM efficiency.
+    Threads,
+}
 
 /// Arguments left after the runtime took its own (`-n`, `--rank`, `--root`).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Args {
     args: Vec<String>,
 }
@@ -58,21 +87,87 @@ impl Timer {
     }
 }
 
-/// Prints the verdict on its own line; returns the process exit status.
-pub fn verdict(app: &str, ok: bool, detail: &str) -> std::process::ExitCode {
-    if ok {
-        println!("{app}: {detail}");
-        println!("PASS");
-        std::process::ExitCode::SUCCESS
-    } else {
-        println!("{app}: {detail}");
-        println!("FAIL");
-        std::process::ExitCode::FAILURE
+/// What one run produced.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// Seconds spent in the timed (parallel) section.
+    pub secs: f64,
+    /// The result matched the sequential computation (always true for `seq` itself).
+    pub ok: bool,
+    /// Problem size and anything worth printing.
+    pub detail: String,
+}
+
+/// One run of an app: its mode, node or thread count, arguments and, in DSM mode, the node.
+#[derive(Debug)]
+pub struct App {
+    pub mode: Mode,
+    pub nprocs: usize,
+    pub args: Args,
+    tmk: Option<Tmk>,
+}
+
+impl App {
+    /// The treadmarks node (DSM mode only).
+    pub fn tmk(&mut self) -> &mut Tmk {
+        self.tmk.as_mut().expect("the DSM node exists only in --mode dsm")
     }
 }
 
-/// The rows `[begin, end)` of `0..n` that node `me` of `nprocs` works on (contiguous blocks,
-/// the first `n % nprocs` nodes one row larger).
+/// Runs an app: sets up the mode, runs `body`, prints the result line and the verdict, and
+/// returns the exit status (non-zero on FAIL or error).
+pub fn run_app(name: &str, body: impl FnOnce(&mut App) -> treadmarks::Result<Outcome>) -> ExitCode {
+    match run_inner(name, body) {
+        Ok(code) => code,
+        Err(e) => {
+            treadmarks::report(&format!("{name}: {e}"));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_inner(
+    name: &str,
+    body: impl FnOnce(&mut App) -> treadmarks::Result<Outcome>,
+) -> treadmarks::Result<ExitCode> {
+    let raw: Vec<String> = std::env::args().skip(1).collect();
+    let mode = match Args::new(&raw).get::<String>("mode", "dsm".into()).as_str() {
+        "dsm" => Mode::Dsm,
+        "seq" => Mode::Seq,
+        "threads" => Mode::Threads,
+        other => fail_usage(&format!("--mode must be dsm, seq or threads, not {other:?}")),
+    };
+    let mut app = if mode == Mode::Dsm {
+        let tmk = Tmk::startup()?;
+        App { mode, nprocs: tmk.nprocs(), args: Args::new(tmk.args()), tmk: Some(tmk) }
+    } else {
+        let (config, rest) = treadmarks::Config::from_env_and_args(raw)?;
+        let nprocs = if mode == Mode::Seq { 1 } else { config.nprocs as usize };
+        App { mode, nprocs, args: Args::new(&rest), tmk: None }
+    };
+    let outcome = body(&mut app)?;
+    let me = app.tmk.as_ref().map_or(0, Tmk::proc_id);
+    if let Some(tmk) = app.tmk.take() {
+        tmk.exit()?;
+    }
+    if me != 0 {
+        return Ok(if outcome.ok { ExitCode::SUCCESS } else { ExitCode::FAILURE });
+    }
+    let mode_name = match mode {
+        Mode::Dsm => "dsm",
+        Mode::Seq => "seq",
+        Mode::Threads => "threads",
+    };
+    println!(
+        "RESULT app={name} mode={mode_name} nprocs={} secs={:.6} detail={:?}",
+        app.nprocs, outcome.secs, outcome.detail
+    );
+    println!("{}", if outcome.ok { "PASS" } else { "FAIL" });
+    Ok(if outcome.ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// The rows `[begin, end)` of `0..n` that worker `me` of `nprocs` works on (contiguous blocks,
+/// the first `n % nprocs` workers one row larger).
 pub fn block(n: usize, me: usize, nprocs: usize) -> (usize, usize) {
     let (q, r) = (n / nprocs, n % nprocs);
     let begin = me * q + me.min(r);

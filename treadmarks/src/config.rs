@@ -9,7 +9,7 @@
 //! | heap base address | `TMK_HEAP_BASE` (hex) | | `0x600000000000` |
 //! | locks / barriers | `TMK_LOCKS` / `TMK_BARRIERS` | | 1024 / 64 |
 //! | collect consistency data past | `TMK_GC_THRESHOLD` (`1MiB`, bytes) | | 64 MiB or a quarter of the heap, if less |
-//! | print statistics at exit | `TMK_STATS=1` | | off |
+//! | print statistics at exit | `TMK_STATS=1` (a table), `TMK_STATS=json` (one line) | | off |
 //! | bound on meeting the other nodes | `TMK_CONNECT_TIMEOUT` (seconds) | | 30 |
 //!
 //! Flags win over variables. Flags this module does not know are left for the application.
@@ -50,6 +50,8 @@ pub struct Config {
     /// Consistency data (bytes) past which a node asks the next barrier to collect.
     pub gc_threshold: u64,
     pub print_stats: bool,
+    /// Print them as one JSON line (`TMK_STATS=json`) instead of a table.
+    pub stats_json: bool,
     pub connect_timeout: Duration,
 }
 
@@ -65,6 +67,7 @@ impl Default for Config {
             nbarriers: 64,
             gc_threshold: 64 << 20,
             print_stats: false,
+            stats_json: false,
             connect_timeout: Duration::from_secs(30),
         }
     }
@@ -131,6 +134,7 @@ impl Config {
         }
         if let Some(v) = env("TMK_STATS") {
             c.print_stats = v != "0";
+            c.stats_json = v == "json";
         }
         if let Some(v) = env("TMK_CONNECT_TIMEOUT") {
             c.connect_timeout = Duration::from_secs(num("TMK_CONNECT_TIMEOUT", &v)?);

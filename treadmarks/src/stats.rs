@@ -80,6 +80,41 @@ impl Stats {
     }
 }
 
+impl Stats {
+    /// The main figures as one flat JSON object (what `TMK_STATS=json` prints, one line per
+    /// node, prefixed `TMK_STATS `), for tools that add up a job's nodes.
+    pub fn to_json(&self) -> String {
+        let p = &self.protocol;
+        let sent = self.sent();
+        let fields: [(&str, f64); 22] = [
+            ("node", f64::from(self.node.0)),
+            ("nprocs", f64::from(self.nprocs)),
+            ("msgs_sent", sent.msgs as f64),
+            ("bytes_sent", sent.bytes as f64),
+            ("read_misses", p.read_misses as f64),
+            ("write_faults", (p.write_faults + self.fast_write_faults) as f64),
+            ("twins", (p.twins + p.fast_twins) as f64),
+            ("diffs_created", p.diffs_created as f64),
+            ("diff_bytes_created", p.diff_bytes_created as f64),
+            ("diffs_applied", p.diffs_applied as f64),
+            ("intervals", p.intervals as f64),
+            ("write_notices_made", p.write_notices_made as f64),
+            ("lock_acquires_local", p.lock_acquires_local as f64),
+            ("lock_acquires_remote", p.lock_acquires_remote as f64),
+            ("barriers", p.barriers as f64),
+            ("collections", p.collections as f64),
+            ("lock_wait_ms", ms(self.lock_wait)),
+            ("barrier_wait_ms", ms(self.barrier_wait)),
+            ("miss_wait_ms", ms(self.miss_wait)),
+            ("gc_time_ms", ms(self.gc_time)),
+            ("peak_consistency_bytes", p.peak_consistency_bytes as f64),
+            ("pages_fetched_whole", p.page_requests_sent as f64),
+        ];
+        let body: Vec<String> = fields.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+        format!("{{{}}}", body.join(","))
+    }
+}
+
 impl fmt::Display for Stats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let p = &self.protocol;

@@ -39,6 +39,7 @@ pub struct Tmk {
     nprocs: u16,
     args: Vec<String>,
     print_stats: bool,
+    stats_json: bool,
     // Field order is drop order: stop the runtime, then the fault handler, then the heap.
     engine: Engine,
     children: Option<Children>,
@@ -112,6 +113,7 @@ impl Tmk {
             nprocs: n,
             args,
             print_stats: config.print_stats,
+            stats_json: config.stats_json,
             engine,
             children,
             borrows: BorrowTracker::default(),
@@ -300,7 +302,9 @@ impl Tmk {
         self.done(Command::Exit)?;
         self.exited = true;
         self.engine.join()?;
-        if self.print_stats {
+        if self.stats_json {
+            crate::report(&format!("TMK_STATS {}", stats.to_json()));
+        } else if self.print_stats {
             crate::report(&stats.to_string());
         }
         if let Some(children) = self.children.take() {

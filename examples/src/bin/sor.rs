@@ -1,12 +1,20 @@
 //! Red-black successive over-relaxation (TreadMarks' SOR): red and black points in separate
-//! arrays, rows split into contiguous blocks, barriers only. The DSM result must equal the
-//! sequential one bit for bit (every point is computed by the same operations in both).
+//! arrays, rows split into contiguous blocks, barriers only. Every point is computed by the same
+//! operations in every mode, so the DSM and threads results must equal the sequential one bit
+//! for bit.
 //!
-//! `sor -n 4 --rows 1000 --cols 1000 --iterations 50 [--mode dsm|seq]`
+//! `sor -n 2 [--mode dsm|seq|threads] [--rows 2000] [--cols 1000] [--iterations 100]`
 
 use std::process::ExitCode;
-use treadmarks::{Shared, Tmk};
-use treadmarks_examples::{Args, Timer, block, verdict};
+use std::sync::Barrier;
+use treadmarks::Shared;
+use treadmarks_examples::{App, Mode, Outcome, SharedMut, Timer, block, run_app};
+
+struct Size {
+    rows: usize,
+    half: usize,
+    iterations: usize,
+}
 
 /// One half-step over rows `rows`: update `dst` (red if `red`) from `src`, both `half` columns
 /// wide. `dst` starts at row `dst_row0` and `src` at row `src_row0` of the grid.
@@ -40,84 +48,114 @@ fn half_step(
     }
 }
 
-fn initial(nrows: usize, half: usize) -> Vec<f64> {
-    (0..nrows * half)
-        .map(|k| if k < half || k >= (nrows - 1) * half || k % half == 0 { 1.0 } else { 0.0 })
+fn initial(s: &Size) -> Vec<f64> {
+    let (rows, half) = (s.rows, s.half);
+    (0..rows * half)
+        .map(|k| if k < half || k >= (rows - 1) * half || k % half == 0 { 1.0 } else { 0.0 })
         .collect()
 }
 
-fn sequential(nrows: usize, half: usize, iterations: usize) -> (Vec<f64>, Vec<f64>) {
-    let (mut red, mut black) = (initial(nrows, half), initial(nrows, half));
-    for _ in 0..iterations {
-        half_step(&mut red, 0, &black, 0, 0..nrows, half, true, nrows);
-        half_step(&mut black, 0, &red, 0, 0..nrows, half, false, nrows);
+fn sequential(s: &Size) -> (Vec<f64>, Vec<f64>) {
+    let (mut red, mut black) = (initial(s), initial(s));
+    for _ in 0..s.iterations {
+        half_step(&mut red, 0, &black, 0, 0..s.rows, s.half, true, s.rows);
+        half_step(&mut black, 0, &red, 0, 0..s.rows, s.half, false, s.rows);
     }
     (red, black)
 }
 
-fn main() -> ExitCode {
-    match run() {
-        Ok(code) => code,
-        Err(e) => {
-            treadmarks::report(&format!("sor: {e}"));
-            ExitCode::FAILURE
-        }
+fn threads(s: &Size, n: usize) -> (f64, Vec<f64>, Vec<f64>) {
+    let (mut red, mut black) = (initial(s), initial(s));
+    let barrier = Barrier::new(n);
+    let t = Timer::start();
+    {
+        let (r, b) = (SharedMut::new(&mut red), SharedMut::new(&mut black));
+        std::thread::scope(|scope| {
+            for me in 0..n {
+                let (r, b, barrier) = (&r, &b, &barrier);
+                scope.spawn(move || {
+                    let (begin, end) = block(s.rows, me, n);
+                    let (lo, hi) = (begin.saturating_sub(1), (end + 1).min(s.rows));
+                    for _ in 0..s.iterations {
+                        for (dst, src, red) in [(r, b, true), (b, r, false)] {
+                            // SAFETY: between two barrier waits each thread writes only its own
+                            // rows of `dst` and reads `src`, which nobody writes in this phase.
+                            let (out, inp) = unsafe {
+                                (
+                                    dst.slice_mut(begin * s.half..end * s.half),
+                                    src.slice(lo * s.half..hi * s.half),
+                                )
+                            };
+                            half_step(out, begin, inp, lo, begin..end, s.half, red, s.rows);
+                            barrier.wait();
+                        }
+                    }
+                });
+            }
+        });
     }
+    (t.secs(), red, black)
 }
 
-fn run() -> treadmarks::Result<ExitCode> {
-    let mut tmk = Tmk::startup()?;
-    let args = Args::new(tmk.args());
-    let nrows: usize = args.get("rows", 1000);
-    let half: usize = args.get::<usize>("cols", 1000) / 2;
-    let iterations: usize = args.get("iterations", 50);
-    let mode: String = args.get("mode", "dsm".to_string());
-    if mode == "seq" {
-        let t = Timer::start();
-        let (red, _) = sequential(nrows, half, iterations);
-        let detail = format!(
-            "seq {nrows}x{} {iterations} iterations: {:.3} s, red[1][1]={}",
-            half * 2,
-            t.secs(),
-            red[half + 1]
-        );
-        tmk.exit()?;
-        return Ok(verdict("sor", true, &detail));
-    }
-
-    let (me, nprocs) = (tmk.proc_id(), tmk.nprocs());
+fn dsm(app: &mut App, s: &Size) -> treadmarks::Result<(f64, bool)> {
+    let tmk = app.tmk();
+    let (me, n) = (tmk.proc_id(), tmk.nprocs());
     let mut grids: [Shared<[f64]>; 2] = [Shared::from_raw_parts(0, 0); 2];
     if me == 0 {
         for g in &mut grids {
-            *g = tmk.alloc_pages::<f64>(nrows * half)?;
-            tmk.view_mut(g)?.copy_from_slice(&initial(nrows, half));
+            *g = tmk.alloc_pages::<f64>(s.rows * s.half)?;
         }
     }
     tmk.distribute(&mut grids)?;
     let [red, black] = grids;
-    let (begin, end) = block(nrows, me, nprocs);
+    let (begin, end) = block(s.rows, me, n);
+    let init = initial(s);
+    for g in [red, black] {
+        tmk.view_mut(&g.slice(begin * s.half, end * s.half))?
+            .copy_from_slice(&init[begin * s.half..end * s.half]);
+    }
     tmk.barrier(0)?;
     let t = Timer::start();
-    for _ in 0..iterations {
+    let (lo, hi) = (begin.saturating_sub(1), (end + 1).min(s.rows));
+    for _ in 0..s.iterations {
         for (dst, src, is_red) in [(red, black, true), (black, red, false)] {
             if begin < end {
-                let (lo, hi) = (begin.saturating_sub(1), (end + 1).min(nrows));
-                let src_rows = tmk.view(&src.slice(lo * half, hi * half))?;
-                let mut dst_rows = tmk.view_mut(&dst.slice(begin * half, end * half))?;
-                half_step(&mut dst_rows, begin, &src_rows, lo, begin..end, half, is_red, nrows);
+                let inp = tmk.view(&src.slice(lo * s.half, hi * s.half))?;
+                let mut out = tmk.view_mut(&dst.slice(begin * s.half, end * s.half))?;
+                half_step(&mut out, begin, &inp, lo, begin..end, s.half, is_red, s.rows);
             }
             tmk.barrier(0)?;
         }
     }
     let secs = t.secs();
-    let mut ok = true;
-    let mut detail =
-        format!("dsm {nrows}x{} {iterations} iterations on {nprocs} nodes: {secs:.3} s", half * 2);
-    if me == 0 {
-        let (sr, sb) = sequential(nrows, half, iterations);
-        ok = *tmk.view(&red)? == sr[..] && *tmk.view(&black)? == sb[..];
-        detail += if ok { ", equal to the sequential run" } else { ", DIFFERS from the sequential run" };
-    }
-    tmk.exit()?;
-    Ok(if me == 0 { verdict("sor", ok, &detail) } else { ExitCode::SUCCESS })
+    let ok = me != 0 || {
+        let (sr, sb) = sequential(s);
+        *tmk.view(&red)? == sr[..] && *tmk.view(&black)? == sb[..]
+    };
+    Ok((secs, ok))
+}
+
+fn main() -> ExitCode {
+    run_app("sor", |app| {
+        let s = Size {
+            rows: app.args.get("rows", 2000),
+            half: app.args.get::<usize>("cols", 1000) / 2,
+            iterations: app.args.get("iterations", 100),
+        };
+        let detail = format!("{}x{}, {} iterations", s.rows, s.half * 2, s.iterations);
+        let (secs, ok) = match app.mode {
+            Mode::Seq => {
+                let t = Timer::start();
+                let _ = sequential(&s);
+                (t.secs(), true)
+            }
+            Mode::Threads => {
+                let (secs, red, black) = threads(&s, app.nprocs);
+                let (sr, sb) = sequential(&s);
+                (secs, red == sr && black == sb)
+            }
+            Mode::Dsm => dsm(app, &s)?,
+        };
+        Ok(Outcome { secs, ok, detail })
+    })
 }
