@@ -1,0 +1,89 @@
+//! Running job processes from tests: bounded waits, and every process reaped even when a test
+//! fails (each job runs in its own process group, killed whole on timeout or drop). Shared by the
+//! tests of this package and of the example applications.
+
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// What a finished job printed and how it ended.
+#[derive(Debug)]
+pub struct Outcome {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+impl Outcome {
+    pub fn assert_pass(&self, scenario: &str) {
+        assert!(
+            self.code == Some(0) && self.stdout.contains(&format!("PASS {scenario}")),
+            "{scenario} failed: {self:#?}"
+        );
+    }
+}
+
+/// A process group that is killed when dropped.
+#[derive(Debug)]
+pub struct Job {
+    child: Option<Child>,
+}
+
+impl Job {
+    pub fn spawn(mut cmd: Command) -> Job {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
+        Job { child: Some(cmd.spawn().expect("spawn test node")) }
+    }
+
+    /// Waits at most `timeout`; on timeout kills the group and panics with what it printed.
+    pub fn wait(mut self, timeout: Duration) -> Outcome {
+        let child = self.child.take().expect("not waited yet");
+        let pgid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let start = Instant::now();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait_with_output());
+        });
+        let out = match rx.recv_timeout(timeout) {
+            Ok(out) => out.expect("wait for test node"),
+            Err(_) => {
+                let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
+                let out = rx.recv().expect("killed job reaped").expect("output");
+                panic!(
+                    "job did not finish within {timeout:?}; killed.\nstdout:\n{}\nstderr:\n{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        };
+        // Nodes are reaped by their launcher; kill any straggler of the group all the same.
+        let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
+        Outcome {
+            code: out.status.code(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            elapsed: start.elapsed(),
+        }
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A heap base unique to this test process and `slot`, so concurrent jobs never collide:
+/// 2 GiB slots in `0x5000_0000_0000..0x7000_0000_0000`, inside the 47-bit user address space.
+pub fn heap_base(slot: u64) -> String {
+    let base = 0x5000_0000_0000u64 + ((std::process::id() as u64 % 256) * 64 + slot % 64) * (1 << 31);
+    format!("{base:#x}")
+}
