@@ -246,14 +246,27 @@ impl Tmk {
         self.done(Command::Ping(NodeId(peer as u16))).map(drop)
     }
 
-    /// A view of a shared array. See the module docs for the borrowing rules.
+    /// A view of a shared array. See [`Tmk`] for the borrowing rules.
+    ///
+    /// A view declares what the application is about to touch: its invalid pages are brought up
+    /// to date at once, one request per writer for all of them, before the view is returned
+    /// (raw pointers fault page by page instead).
     pub fn view<T: Pod>(&self, h: &Shared<[T]>) -> Result<View<'_, T>> {
-        self.borrows.view(&self.heap, h).map_err(Error::from)
+        let view = self.borrows.view(&self.heap, h)?;
+        self.validate(h)?;
+        Ok(view)
     }
 
-    /// A mutable view of a shared array.
+    /// A mutable view of a shared array; validated like [`Tmk::view`].
     pub fn view_mut<T: Pod>(&self, h: &Shared<[T]>) -> Result<ViewMut<'_, T>> {
-        self.borrows.view_mut(&self.heap, h).map_err(Error::from)
+        let view = self.borrows.view_mut(&self.heap, h)?;
+        self.validate(h)?;
+        Ok(view)
+    }
+
+    fn validate<T>(&self, h: &Shared<[T]>) -> Result<()> {
+        let invalid = self.heap.invalid_pages(h.offset(), (h.len() * size_of::<T>()) as u64);
+        if invalid.is_empty() { Ok(()) } else { self.engine.validate(invalid) }
     }
 
     /// Reads a shared value.

@@ -126,10 +126,7 @@ impl<M: PageMemory> Node<M> {
         if validate.is_empty() {
             self.outbox.push_back((NodeId(0), Message::GcDone));
         }
-        for p in validate {
-            self.start_miss(p, false, MissFor::Gc)?;
-        }
-        Ok(())
+        self.start_misses(&validate, false, MissFor::Gc)
     }
 
     pub(crate) fn gc_page_validated(&mut self) {

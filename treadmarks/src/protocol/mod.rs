@@ -38,7 +38,7 @@ pub use error::ProtocolError;
 pub use ids::{BarrierId, DiffSeq, IntervalIdx, LockId, NodeId, PageIdx};
 pub use interval::IntervalRecord;
 pub use memory::{Access, PageMemory, VecMemory};
-pub use msg::{AllocFailure, Message, MsgKind};
+pub use msg::{AllocFailure, DiffAsk, Message, MsgKind, PageCopy, PageDiffs};
 pub use node::{AppDone, Node, NodeConfig};
 pub use stats::ProtocolStats;
 pub use vtime::VectorTime;

@@ -17,6 +17,30 @@ pub struct DiffWire {
     pub diff: Diff,
 }
 
+/// One page's worth of a [`Message::DiffRequest`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiffAsk {
+    pub page: PageIdx,
+    /// Send diffs for the writer's intervals up to this one...
+    pub want: IntervalIdx,
+    /// ...newer than this diff, which the requester has already applied.
+    pub after_seq: DiffSeq,
+}
+
+/// One page's worth of a [`Message::DiffReply`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PageDiffs {
+    pub page: PageIdx,
+    pub diffs: Vec<DiffWire>,
+}
+
+/// One page's worth of a [`Message::PageReply`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PageCopy {
+    pub page: PageIdx,
+    pub bytes: serde_bytes::ByteBuf,
+}
+
 /// Why an allocation failed, as node 0's allocator reports it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum AllocFailure {
@@ -49,15 +73,14 @@ pub enum Message {
     GcDone,
     /// Barrier manager → all: everybody has validated; drop consistency data and go on.
     GcRelease,
-    /// Faulting node → writer: your diffs of `page` for your intervals up to `want`, newer than
-    /// diff `after_seq` (which the requester has already applied).
-    DiffRequest { page: PageIdx, want: IntervalIdx, after_seq: DiffSeq },
-    /// Writer → faulting node.
-    DiffReply { page: PageIdx, diffs: Vec<DiffWire> },
-    /// Node that dropped `page` at a collection → a node holding a copy: send it whole.
-    PageRequest { page: PageIdx },
-    /// The whole page.
-    PageReply { page: PageIdx, bytes: serde_bytes::ByteBuf },
+    /// Faulting node → writer: one request per writer, for every page it needs from it.
+    DiffRequest { asks: Vec<DiffAsk> },
+    /// Writer → faulting node: the diffs, page by page, in the order asked.
+    DiffReply { pages: Vec<PageDiffs> },
+    /// Node that dropped pages at a collection → a node holding copies: send them whole.
+    PageRequest { pages: Vec<PageIdx> },
+    /// The whole pages.
+    PageReply { pages: Vec<PageCopy> },
     /// Any node → node 0: allocate.
     AllocRequest { bytes: u64, align: u64 },
     /// Node 0 → requester: the heap offset, or why not.

@@ -17,7 +17,7 @@ use super::ids::{BarrierId, IntervalIdx, LockId, NodeId, PageIdx};
 use super::interval::{IntervalLog, IntervalRecord};
 use super::lock::LockState;
 use super::memory::{Access, PageMemory};
-use super::msg::{AllocFailure, Message};
+use super::msg::{AllocFailure, Message, PageCopy, PageDiffs};
 use super::page::{Miss, PageMeta};
 use super::stats::ProtocolStats;
 use super::vtime::VectorTime;
@@ -42,6 +42,8 @@ pub enum AppDone {
     Acquired(LockId),
     BarrierPassed(BarrierId),
     FaultResolved(PageIdx),
+    /// The pages asked for with [`Node::request_validate`] are valid.
+    Validated,
     Allocated(Result<u64, AllocFailure>),
     Freed(Result<(), AllocFailure>),
     Distributed(Vec<u8>),
@@ -57,6 +59,8 @@ pub(crate) enum Pending {
     Acquire(LockId),
     Barrier(BarrierId),
     Fault,
+    /// Pages still to validate for [`Node::request_validate`].
+    Validate(usize),
     Alloc,
     Free,
     Distribute(u64),
@@ -246,23 +250,35 @@ impl<M: PageMemory> Node<M> {
             Message::BarrierRelease { barrier, intervals, gc } => {
                 self.handle_barrier_release(from, barrier, intervals, gc)
             }
-            Message::DiffRequest { page, want, after_seq } => {
-                self.check_page(from, page)?;
-                self.serve_diffs(from, page, want, after_seq);
+            Message::DiffRequest { asks } => {
+                for a in &asks {
+                    self.check_page(from, a.page)?;
+                }
+                let pages = asks.iter().map(|a| self.serve_diffs(a.page, a.want, a.after_seq)).collect();
+                self.outbox.push_back((from, Message::DiffReply { pages }));
                 Ok(())
             }
-            Message::DiffReply { page, diffs } => {
-                self.check_page(from, page)?;
-                self.handle_diff_reply(from, page, diffs)
-            }
-            Message::PageRequest { page } => {
-                self.check_page(from, page)?;
-                self.serve_page(from, page);
+            Message::DiffReply { pages } => {
+                for PageDiffs { page, diffs } in pages {
+                    self.check_page(from, page)?;
+                    self.handle_diff_reply(from, page, diffs)?;
+                }
                 Ok(())
             }
-            Message::PageReply { page, bytes } => {
-                self.check_page(from, page)?;
-                self.handle_page_reply(from, page, bytes.into_vec())
+            Message::PageRequest { pages } => {
+                for &p in &pages {
+                    self.check_page(from, p)?;
+                }
+                let pages = pages.into_iter().map(|p| self.serve_page(p)).collect();
+                self.outbox.push_back((from, Message::PageReply { pages }));
+                Ok(())
+            }
+            Message::PageReply { pages } => {
+                for PageCopy { page, bytes } in pages {
+                    self.check_page(from, page)?;
+                    self.handle_page_reply(from, page, bytes.into_vec())?;
+                }
+                Ok(())
             }
             Message::GcDone => self.handle_gc_done(from),
             Message::GcRelease => self.handle_gc_release(from),

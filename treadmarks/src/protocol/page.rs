@@ -28,7 +28,7 @@ use super::ProtocolError;
 use super::diff::Diff;
 use super::ids::{DiffSeq, IntervalIdx, NodeId, PageIdx};
 use super::memory::{Access, PageMemory};
-use super::msg::{DiffWire, Message};
+use super::msg::{DiffAsk, DiffWire, Message, PageCopy, PageDiffs};
 use super::node::{AppDone, Node, Pending};
 use super::vtime::VectorTime;
 
@@ -89,6 +89,8 @@ pub(crate) enum MissFor {
     App,
     /// A collecting barrier, validating a page this node wrote.
     Gc,
+    /// The application, about to access a view ([`Node::request_validate`]).
+    Validate,
 }
 
 /// An access miss in progress.
@@ -156,41 +158,82 @@ impl<M: PageMemory> Node<M> {
             Access::None => {
                 self.stats.read_misses += 1;
                 self.pending = Pending::Fault;
-                return self.start_miss(p, write, MissFor::App);
+                return self.start_misses(&[p], write, MissFor::App);
             }
         }
         Ok(())
     }
 
-    /// Asks every writer with unapplied notices for its diffs, in parallel, and the base copy if
-    /// the page was dropped by a collection.
-    pub(crate) fn start_miss(
+    /// The application is about to access `pages` (a view): brings every invalid one up to date
+    /// at once — one request per writer for all of them, in parallel — instead of one fault and
+    /// one round trip per page. Completes with [`AppDone::Validated`].
+    pub fn request_validate(&mut self, pages: &[PageIdx]) -> Result<(), ProtocolError> {
+        self.begin("validate")?;
+        for &p in pages {
+            self.check_page(self.me, p)?;
+        }
+        let invalid: Vec<PageIdx> = pages
+            .iter()
+            .copied()
+            .filter(|&p| self.mem.access(p) == Access::None && !self.misses.contains_key(&p))
+            .collect();
+        if invalid.is_empty() {
+            self.done.push_back(AppDone::Validated);
+            return Ok(());
+        }
+        self.stats.read_misses += invalid.len() as u64;
+        self.stats.validations += 1;
+        self.pending = Pending::Validate(invalid.len());
+        self.start_misses(&invalid, false, MissFor::Validate)?;
+        self.deliver_local()
+    }
+
+    /// Asks every writer with unapplied notices for its diffs of `pages` (one request per writer,
+    /// in parallel), and the holders of whole copies for the pages a collection dropped.
+    pub(crate) fn start_misses(
         &mut self,
-        p: PageIdx,
+        pages: &[PageIdx],
         write: bool,
         purpose: MissFor,
     ) -> Result<(), ProtocolError> {
-        let mut asked = Vec::new();
-        for (n, w) in self.pages[p.idx()].writers.iter().enumerate() {
-            if w.noticed > w.applied {
-                asked.push((NodeId(n as u16), w.noticed, false));
-                let req = Message::DiffRequest { page: p, want: w.noticed, after_seq: w.applied_seq };
-                self.outbox.push_back((NodeId(n as u16), req));
+        let n = self.nprocs();
+        let mut asks: Vec<Vec<DiffAsk>> = vec![Vec::new(); n];
+        let mut copies: Vec<Vec<PageIdx>> = vec![Vec::new(); n];
+        for &p in pages {
+            let mut asked = Vec::new();
+            for (w, st) in self.pages[p.idx()].writers.iter().enumerate() {
+                if st.noticed > st.applied {
+                    asked.push((NodeId(w as u16), st.noticed, false));
+                    asks[w].push(DiffAsk { page: p, want: st.noticed, after_seq: st.applied_seq });
+                }
+            }
+            let base = self.pages[p.idx()].base_from.map(|h| {
+                copies[h.idx()].push(p);
+                (h, None)
+            });
+            self.misses.insert(p, Miss { write, purpose, asked, diffs: Vec::new(), base });
+        }
+        for (w, asks) in asks.into_iter().enumerate() {
+            if !asks.is_empty() {
+                self.stats.diff_requests_sent += 1;
+                self.outbox.push_back((NodeId(w as u16), Message::DiffRequest { asks }));
             }
         }
-        self.stats.diff_requests_sent += asked.len() as u64;
-        let base = self.pages[p.idx()].base_from.map(|h| {
-            self.outbox.push_back((h, Message::PageRequest { page: p }));
-            self.stats.page_requests_sent += 1;
-            (h, None)
-        });
-        self.misses.insert(p, Miss { write, purpose, asked, diffs: Vec::new(), base });
-        self.try_finish_miss(p)
+        for (h, pages) in copies.into_iter().enumerate() {
+            if !pages.is_empty() {
+                self.stats.page_requests_sent += pages.len() as u64;
+                self.outbox.push_back((NodeId(h as u16), Message::PageRequest { pages }));
+            }
+        }
+        for &p in pages {
+            self.try_finish_miss(p)?;
+        }
+        Ok(())
     }
 
-    /// Serves a whole copy of page `p` (to a node that dropped it). Access is revoked while the
-    /// bytes are read, then restored: the twin, if any, is untouched.
-    pub(crate) fn serve_page(&mut self, from: NodeId, p: PageIdx) {
+    /// A whole copy of page `p` (for a node that dropped it). Access is revoked while the bytes
+    /// are read, then restored: the twin, if any, is untouched.
+    pub(crate) fn serve_page(&mut self, p: PageIdx) -> PageCopy {
         let access = self.mem.access(p);
         if access != Access::None {
             self.mem.set_access(p, 1, Access::None);
@@ -200,7 +243,7 @@ impl<M: PageMemory> Node<M> {
             self.mem.set_access(p, 1, access);
         }
         self.stats.pages_served += 1;
-        self.outbox.push_back((from, Message::PageReply { page: p, bytes }));
+        PageCopy { page: p, bytes }
     }
 
     pub(crate) fn handle_page_reply(
@@ -222,9 +265,9 @@ impl<M: PageMemory> Node<M> {
         self.try_finish_miss(p)
     }
 
-    /// Serves a diff request: cuts the twin if it holds changes the requester wants, then sends
-    /// every diff it has not applied yet whose first interval it knows of.
-    pub(crate) fn serve_diffs(&mut self, from: NodeId, p: PageIdx, want: IntervalIdx, after_seq: DiffSeq) {
+    /// Serves one page of a diff request: cuts the twin if it holds changes the requester
+    /// wants, then returns every diff it has not applied yet whose first interval it knows of.
+    pub(crate) fn serve_diffs(&mut self, p: PageIdx, want: IntervalIdx, after_seq: DiffSeq) -> PageDiffs {
         self.stats.diff_requests_served += 1;
         let closed = self.vt.get(self.me);
         if self.pages[p.idx()].twin.is_some_and(|first| first <= want.min(closed)) {
@@ -236,7 +279,7 @@ impl<M: PageMemory> Node<M> {
             .filter(|d| d.seq > after_seq && d.first <= want)
             .map(|d| DiffWire { seq: d.seq, first_vt: d.first_vt.clone(), diff: d.diff.clone() })
             .collect();
-        self.outbox.push_back((from, Message::DiffReply { page: p, diffs }));
+        PageDiffs { page: p, diffs }
     }
 
     pub(crate) fn handle_diff_reply(
@@ -301,6 +344,16 @@ impl<M: PageMemory> Node<M> {
                 self.done.push_back(AppDone::FaultResolved(p));
             }
             MissFor::Gc => self.gc_page_validated(),
+            MissFor::Validate => {
+                let Pending::Validate(left) = &mut self.pending else {
+                    unreachable!("a validation miss outside request_validate")
+                };
+                *left -= 1;
+                if *left == 0 {
+                    self.pending = Pending::None;
+                    self.done.push_back(AppDone::Validated);
+                }
+            }
         }
         Ok(())
     }

@@ -145,6 +145,33 @@ fn a_barrier_tells_each_node_exactly_what_it_lacks() {
 }
 
 #[test]
+fn validating_a_view_asks_each_writer_once_for_all_its_pages() {
+    use MsgKind::*;
+    let mut net = Net::new(3);
+    for p in 0..3 {
+        net.write(1, p, 0, 10 + p as u8);
+    }
+    net.write(2, 3, 0, 13);
+    for i in [1, 2, 0] {
+        net.nodes[i].request_barrier(BarrierId(0)).unwrap();
+        net.settle();
+    }
+    for i in 0..3 {
+        assert_eq!(net.done(i), Some(AppDone::BarrierPassed(BarrierId(0))));
+    }
+    let before = net.kinds().len();
+    let pages: Vec<PageIdx> = (0..4).map(PageIdx).collect();
+    net.nodes[0].request_validate(&pages).unwrap();
+    net.settle();
+    assert_eq!(net.done(0), Some(AppDone::Validated));
+    let sent = net.kinds()[before..].to_vec();
+    assert_eq!(sent.iter().filter(|k| k.2 == DiffRequest).count(), 2, "one request per writer: {sent:?}");
+    for p in 0..4u32 {
+        assert_eq!(net.nodes[0].mem().app_read(PageIdx(p))[0], 10 + p as u8);
+    }
+}
+
+#[test]
 fn one_node_jobs_send_nothing_and_make_no_intervals() {
     let mut net = Net::new(1);
     net.nodes[0].request_acquire(LockId(3)).unwrap();
@@ -163,7 +190,7 @@ fn bad_input_from_a_peer_is_an_error_not_a_panic() {
     let n = &mut net.nodes[0];
     let grant = Message::LockGrant { lock: LockId(1), intervals: vec![] };
     assert!(matches!(n.handle_message(NodeId(1), grant), Err(ProtocolError::Unexpected { .. })));
-    let req = Message::DiffRequest { page: PageIdx(999), want: 1, after_seq: 0 };
+    let req = Message::DiffRequest { asks: vec![DiffAsk { page: PageIdx(999), want: 1, after_seq: 0 }] };
     assert!(matches!(n.handle_message(NodeId(1), req), Err(ProtocolError::PageOutOfRange { .. })));
     let fwd = Message::LockRequest { lock: LockId(77), vt: VectorTime::zero(2) };
     assert!(matches!(n.handle_message(NodeId(1), fwd), Err(ProtocolError::UnknownLock { .. })));

@@ -43,6 +43,8 @@ enum Op {
     Acquire(LockId),
     Release(LockId),
     Barrier(BarrierId),
+    /// Validate pages `first .. first + count` (a view about to be accessed).
+    Validate(u32, u32),
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -79,6 +81,11 @@ fn generate(rng: &mut Rng, s: &Shape) -> Vec<Vec<Op>> {
                 })
                 .collect();
             for _ in 0..rng.below(25) {
+                if rng.chance(10) {
+                    let npages = s.words.div_ceil(WORDS_PER_PAGE);
+                    let first = rng.below(u64::from(npages)) as u32;
+                    prog.push(Op::Validate(first, 1 + rng.below(u64::from(npages - first)) as u32));
+                }
                 if rng.chance(35) {
                     let l = rng.below(u64::from(s.nlocks)) as u32;
                     let guarded: Vec<u32> =
@@ -251,6 +258,11 @@ impl Sim {
                 sn.blocked = true;
                 self.core(i, |n| n.request_barrier(b));
             }
+            Op::Validate(first, count) => {
+                sn.blocked = true;
+                let pages: Vec<PageIdx> = (first..first + count).map(PageIdx).collect();
+                self.core(i, |n| n.request_validate(&pages));
+            }
         }
     }
 
@@ -349,6 +361,7 @@ fn random_data_race_free_programs_read_sequentially_consistent_values() {
             totals.collections += s.collections;
             totals.pages_dropped += s.pages_dropped;
             totals.page_requests_sent += s.page_requests_sent;
+            totals.validations += s.validations;
         }
     }
     eprintln!("sim totals: {totals:?}");
@@ -356,6 +369,7 @@ fn random_data_race_free_programs_read_sequentially_consistent_values() {
     assert!(totals.diffs_applied > 1000, "{totals:?}");
     assert!(totals.fast_twins > 1000 && totals.twins > 1000, "{totals:?}");
     assert!(totals.lock_acquires_remote > 1000 && totals.invalidations > 1000, "{totals:?}");
+    assert!(totals.validations > 500, "{totals:?}");
     assert!(
         totals.collections > 500 && totals.pages_dropped > 100 && totals.page_requests_sent > 100,
         "{totals:?}"

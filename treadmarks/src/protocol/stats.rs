@@ -17,7 +17,9 @@ pub struct ProtocolStats {
     /// Diffs applied and their encoded bytes.
     pub diffs_applied: u64,
     pub diff_bytes_applied: u64,
-    /// Diff requests sent and served.
+    /// View validations that fetched something (each batches many pages).
+    pub validations: u64,
+    /// Diff requests sent (one per writer per miss or validation) and pages served.
     pub diff_requests_sent: u64,
     pub diff_requests_served: u64,
     /// Intervals this node closed, and the write notices they carried.

@@ -18,7 +18,7 @@ pub(crate) mod service;
 
 use crate::error::{Error, Result};
 use crate::mem::{Doorbell, HeapPages};
-use crate::protocol::{AppDone, BarrierId, LockId, Node, NodeId, ProtocolError};
+use crate::protocol::{AppDone, BarrierId, LockId, Node, NodeId, PageIdx, ProtocolError};
 use crate::stats::Stats;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -39,6 +39,8 @@ pub(crate) enum Command {
     Distribute(Option<Vec<u8>>),
     Exit,
     Ping(NodeId),
+    /// Bring these invalid pages up to date (a view is about to be used).
+    Validate(Vec<PageIdx>),
     Stats,
     /// Stop the service thread (the application gave up on a failed job): flush what is
     /// queued, notably abort messages, then answer.
@@ -73,6 +75,7 @@ pub(crate) fn start(
         Command::Distribute(bytes) => node.request_distribute(bytes)?,
         Command::Exit => node.request_exit()?,
         Command::Ping(peer) => node.request_ping(peer)?,
+        Command::Validate(pages) => node.request_validate(&pages)?,
         Command::Stats | Command::Shutdown => unreachable!("answered by the engine"),
     }
     Ok(None)
@@ -113,15 +116,30 @@ impl Engine {
                 debug_assert!(node.poll_transmit().is_none(), "a one-node job sent a message");
                 Ok(reply.expect("a one-node job completes every request at once"))
             }
-            Engine::Remote { mailbox, .. } => {
-                *mailbox.command.lock().expect("mailbox") = Some(cmd);
-                mailbox.doorbell.ring_service();
-                loop {
-                    mailbox.doorbell.wait_app();
-                    if let Some(reply) = mailbox.reply.lock().expect("mailbox").take() {
-                        return reply;
-                    }
-                }
+            Engine::Remote { mailbox, .. } => Self::call_remote(mailbox, cmd),
+        }
+    }
+
+    /// Brings `pages` up to date before a view of them is used. Needs no `&mut`: the
+    /// application's views may be alive, and only invalid pages (which no view has touched since
+    /// the last synchronization) change. A one-node job has no invalid pages.
+    pub fn validate(&self, pages: Vec<PageIdx>) -> Result<()> {
+        match self {
+            Engine::Local { .. } => Ok(()),
+            Engine::Remote { mailbox, .. } => match Self::call_remote(mailbox, Command::Validate(pages))? {
+                Reply::Done(AppDone::Validated) => Ok(()),
+                other => unreachable!("validate answered with {other:?}"),
+            },
+        }
+    }
+
+    fn call_remote(mailbox: &Mailbox, cmd: Command) -> Result<Reply> {
+        *mailbox.command.lock().expect("mailbox") = Some(cmd);
+        mailbox.doorbell.ring_service();
+        loop {
+            mailbox.doorbell.wait_app();
+            if let Some(reply) = mailbox.reply.lock().expect("mailbox").take() {
+                return reply;
             }
         }
     }

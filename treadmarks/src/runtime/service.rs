@@ -61,6 +61,9 @@ pub(crate) fn spawn(
     let handle = std::thread::Builder::new()
         .name(name)
         .spawn(move || {
+            if std::env::var("TMK_SERVICE_RT").map_or(true, |v| v != "0") {
+                crate::mem::sched::prioritize_service_thread();
+            }
             let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                 Ok(rt) => rt,
                 Err(e) => return drop(ready_tx.send(Err(Error::Failed(format!("cannot start tokio: {e}"))))),

@@ -1,0 +1,23 @@
+//! Questions the application thread asks about page states, without the runtime.
+
+use super::heap::Heap;
+use super::state;
+use crate::protocol::{Access, PageIdx};
+
+impl Heap {
+    /// Pages overlapping bytes `offset .. offset + len` of the heap that the application cannot
+    /// read now (invalid in its view). A snapshot: only the runtime changes states, and it makes
+    /// pages invalid only while the application is inside a synchronization call.
+    pub fn invalid_pages(&self, offset: u64, len: u64) -> Vec<PageIdx> {
+        if len == 0 {
+            return Vec::new();
+        }
+        let ps = self.page_size() as u64;
+        let first = (offset / ps) as u32;
+        let last = ((offset + len - 1) / ps).min(u64::from(self.npages()) - 1) as u32;
+        (first..=last)
+            .filter(|&p| state::to_access(state::load_stable(self.state(p))) == Access::None)
+            .map(PageIdx)
+            .collect()
+    }
+}
