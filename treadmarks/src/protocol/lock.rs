@@ -13,10 +13,10 @@
 //!   chain of forwards gives every requester at most one successor, so `next` is a single slot.
 
 use super::ProtocolError;
-use super::ids::{LockId, NodeId};
+use super::ids::{IntervalIdx, LockId, NodeId, PageIdx};
 use super::interval::IntervalRecord;
 use super::memory::PageMemory;
-use super::msg::Message;
+use super::msg::{DiffWire, Message, PageDiffs};
 use super::node::{AppDone, Node, Pending};
 use super::vtime::VectorTime;
 
@@ -45,6 +45,9 @@ impl LockState {
         }
     }
 }
+
+/// Most diff bytes one lock grant carries.
+pub const PIGGYBACK_LIMIT: usize = 64 << 10;
 
 impl<M: PageMemory> Node<M> {
     fn manager_of(&self, lock: LockId) -> NodeId {
@@ -102,7 +105,48 @@ impl<M: PageMemory> Node<M> {
     fn grant(&mut self, lock: LockId, to: NodeId, vt: &VectorTime) {
         self.locks[lock.idx()].token = false;
         let intervals = self.log.newer_than(vt);
-        self.outbox.push_back((to, Message::LockGrant { lock, intervals }));
+        let diffs = self.diffs_for_grant(lock, vt, &intervals);
+        self.outbox.push_back((to, Message::LockGrant { lock, intervals, diffs }));
+    }
+
+    /// The diffs a grant carries: for each page we began writing (made its twin) in an interval
+    /// the acquirer lacks and in which we held this lock — the data the lock protects, most
+    /// likely what the acquirer reads next — every diff of ours made after the acquirer's
+    /// knowledge of us, cutting the twin if need be (the acquirer needs all of them to consider
+    /// the page complete). Pages that were merely still twinned from before are not sent.
+    /// Bounded by [`PIGGYBACK_LIMIT`] bytes; beyond it the acquirer fetches as usual.
+    fn diffs_for_grant(
+        &mut self,
+        lock: LockId,
+        vt: &VectorTime,
+        intervals: &[IntervalRecord],
+    ) -> Vec<PageDiffs> {
+        let held: Vec<&IntervalRecord> =
+            intervals.iter().filter(|r| r.node == self.me && r.locks.contains(&lock)).collect();
+        let began_under_lock = |first: IntervalIdx| held.iter().any(|r| r.index == first);
+        let mut pages: Vec<PageIdx> = held.iter().flat_map(|r| r.pages.iter().copied()).collect();
+        pages.sort_unstable();
+        pages.dedup();
+        pages.retain(|p| {
+            let meta = &self.pages[p.idx()];
+            meta.twin.is_some_and(began_under_lock) || meta.diffs.iter().any(|d| began_under_lock(d.first))
+        });
+        let known = vt.get(self.me);
+        let closed = self.vt.get(self.me);
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        for p in pages {
+            let page = self.serve_diffs(p, closed, 0);
+            let diffs: Vec<DiffWire> =
+                page.diffs.into_iter().filter(|d| d.first_vt.get(self.me) > known).collect();
+            bytes += diffs.iter().map(|d| d.diff.encoded_len()).sum::<usize>();
+            if bytes > PIGGYBACK_LIMIT {
+                break;
+            }
+            self.stats.diffs_piggybacked += diffs.len() as u64;
+            out.push(PageDiffs { page: p, diffs });
+        }
+        out
     }
 
     pub(crate) fn handle_lock_request(
@@ -152,12 +196,27 @@ impl<M: PageMemory> Node<M> {
         from: NodeId,
         lock: LockId,
         intervals: Vec<IntervalRecord>,
+        diffs: Vec<PageDiffs>,
     ) -> Result<(), ProtocolError> {
         self.check_lock(lock)?;
         if !matches!(self.pending, Pending::Acquire(l) if l == lock) || !self.locks[lock.idx()].requested {
             return Err(ProtocolError::Unexpected { from, what: format!("grant of {lock}") });
         }
+        for d in &diffs {
+            self.check_page(from, d.page)?;
+        }
+        // A piggybacked page can be completed only if we were up to date with the granter on it
+        // before the grant (then its diffs made after our knowledge of it are all we lack).
+        let up_to_date: Vec<bool> = diffs
+            .iter()
+            .map(|d| self.pages[d.page.idx()].writers.get(from.idx()).is_none_or(|w| w.applied >= w.noticed))
+            .collect();
         self.incorporate(from, intervals)?;
+        for (d, ok) in diffs.into_iter().zip(up_to_date) {
+            if ok {
+                self.apply_piggybacked(from, d)?;
+            }
+        }
         let st = &mut self.locks[lock.idx()];
         st.requested = false;
         st.held = true;

@@ -62,8 +62,9 @@ pub enum Message {
     LockRequest { lock: LockId, vt: VectorTime },
     /// Manager → the last requester of the lock: `requester` wants it after you.
     LockForward { lock: LockId, requester: NodeId, vt: VectorTime },
-    /// Releaser → acquirer: the lock, with every interval the acquirer lacks.
-    LockGrant { lock: LockId, intervals: Vec<IntervalRecord> },
+    /// Releaser → acquirer: the lock, with every interval the acquirer lacks, and the releaser's
+    /// diffs of the pages it wrote while holding this lock (see `lock.rs`).
+    LockGrant { lock: LockId, intervals: Vec<IntervalRecord>, diffs: Vec<PageDiffs> },
     /// Client → barrier manager (node 0): arrival, with the client's intervals the manager lacks;
     /// `gc`: the client's consistency data is over the threshold (or it asked to collect).
     BarrierArrive { barrier: BarrierId, vt: VectorTime, intervals: Vec<IntervalRecord>, gc: bool },

@@ -243,7 +243,9 @@ impl<M: PageMemory> Node<M> {
             Message::LockForward { lock, requester, vt } => {
                 self.handle_lock_forward(from, lock, requester, vt)
             }
-            Message::LockGrant { lock, intervals } => self.handle_lock_grant(from, lock, intervals),
+            Message::LockGrant { lock, intervals, diffs } => {
+                self.handle_lock_grant(from, lock, intervals, diffs)
+            }
             Message::BarrierArrive { barrier, vt, intervals, gc } => {
                 self.handle_barrier_arrive(from, barrier, vt, intervals, gc)
             }

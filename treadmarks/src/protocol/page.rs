@@ -265,6 +265,41 @@ impl<M: PageMemory> Node<M> {
         self.try_finish_miss(p)
     }
 
+    /// Applies diffs that came with a lock grant from `from`, if they make the page valid: `from`
+    /// must be the page's only writer with unapplied notices (the caller checked that we were up
+    /// to date with it before the grant). Otherwise they are ignored and the page is fetched as
+    /// usual when touched.
+    pub(crate) fn apply_piggybacked(&mut self, from: NodeId, d: PageDiffs) -> Result<(), ProtocolError> {
+        let p = d.page;
+        let meta = &self.pages[p.idx()];
+        let only_from =
+            meta.writers.iter().enumerate().all(|(n, w)| w.applied >= w.noticed || n == from.idx());
+        if self.mem.access(p) != Access::None || meta.base_from.is_some() || !only_from || !meta.is_stale() {
+            return Ok(());
+        }
+        let nprocs = self.nprocs();
+        let mut diffs = d.diffs;
+        diffs.sort_by_key(|w| w.seq);
+        for w in &diffs {
+            let st = self.pages[p.idx()].writer(from, nprocs, &mut self.acct.writer_tables);
+            if w.seq <= st.applied_seq {
+                continue;
+            }
+            st.applied_seq = w.seq;
+            w.diff.apply(self.mem.page_mut(p)).map_err(|source| ProtocolError::BadDiff {
+                from,
+                page: p,
+                source,
+            })?;
+            self.stats.diffs_applied += 1;
+            self.stats.diff_bytes_applied += w.diff.encoded_len() as u64;
+        }
+        let st = self.pages[p.idx()].writer(from, nprocs, &mut self.acct.writer_tables);
+        st.applied = st.noticed;
+        self.mem.set_access(p, 1, Access::Read);
+        Ok(())
+    }
+
     /// Serves one page of a diff request: cuts the twin if it holds changes the requester
     /// wants, then returns every diff it has not applied yet whose first interval it knows of.
     pub(crate) fn serve_diffs(&mut self, p: PageIdx, want: IntervalIdx, after_seq: DiffSeq) -> PageDiffs {

@@ -59,8 +59,8 @@ impl Net {
         let node = &mut self.nodes[i];
         if node.mem().access(p) != Access::ReadWrite {
             node.handle_fault(p, true).unwrap();
+            assert_eq!(node.poll_done(), Some(AppDone::FaultResolved(p)));
         }
-        assert_eq!(node.poll_done(), Some(AppDone::FaultResolved(p)));
         node.mem_mut().app_write(p)[byte] = value;
     }
 }
@@ -109,13 +109,40 @@ fn a_request_is_forwarded_to_the_last_requester_who_grants_at_release() {
             (1, 2, LockGrant)
         ]
     );
-    // The grant carried node 1's interval: node 2's copy of page 2 is invalid until it asks.
-    assert_eq!(net.nodes[2].mem().access(PageIdx(2)), Access::None);
-    net.nodes[2].handle_fault(PageIdx(2), false).unwrap();
-    net.settle();
-    assert_eq!(net.done(2), Some(AppDone::FaultResolved(PageIdx(2))));
+    // The grant carried node 1's interval and, because node 1 wrote page 2 while holding the
+    // lock, its diff: node 2 reads the new value with no further message.
     assert_eq!(net.nodes[2].mem().app_read(PageIdx(2))[5], 42);
-    assert_eq!(net.kinds()[5..], [(2, 1, DiffRequest), (1, 2, DiffReply)]);
+    assert_eq!(net.kinds().len(), 5);
+    assert_eq!(net.nodes[1].stats().diffs_piggybacked, 1);
+}
+
+#[test]
+fn a_grant_carries_no_diff_for_data_written_outside_the_lock() {
+    use MsgKind::*;
+    let mut net = Net::new(2);
+    net.write(1, 3, 0, 7); // outside any lock; the page stays twinned across the barrier
+    for i in [1, 0] {
+        net.nodes[i].request_barrier(BarrierId(0)).unwrap();
+        net.settle();
+    }
+    for i in 0..2 {
+        assert_eq!(net.done(i), Some(AppDone::BarrierPassed(BarrierId(0))));
+    }
+    net.write(1, 3, 1, 8); // still outside the lock, still the same twin
+    net.nodes[1].request_acquire(LockId(1)).unwrap();
+    net.settle();
+    assert_eq!(net.done(1), Some(AppDone::Acquired(LockId(1))));
+    net.nodes[1].request_release(LockId(1)).unwrap();
+    net.nodes[0].request_acquire(LockId(1)).unwrap();
+    net.settle();
+    assert_eq!(net.done(0), Some(AppDone::Acquired(LockId(1))));
+    assert_eq!(net.nodes[1].stats().diffs_piggybacked, 0);
+    assert_eq!(net.nodes[0].mem().access(PageIdx(3)), Access::None, "invalid until asked");
+    net.nodes[0].handle_fault(PageIdx(3), false).unwrap();
+    net.settle();
+    assert_eq!(net.done(0), Some(AppDone::FaultResolved(PageIdx(3))));
+    assert_eq!(&net.nodes[0].mem().app_read(PageIdx(3))[..2], &[7, 8]);
+    assert_eq!(net.kinds().iter().filter(|k| k.2 == DiffRequest).count(), 1);
 }
 
 #[test]
@@ -188,7 +215,7 @@ fn one_node_jobs_send_nothing_and_make_no_intervals() {
 fn bad_input_from_a_peer_is_an_error_not_a_panic() {
     let mut net = Net::new(2);
     let n = &mut net.nodes[0];
-    let grant = Message::LockGrant { lock: LockId(1), intervals: vec![] };
+    let grant = Message::LockGrant { lock: LockId(1), intervals: vec![], diffs: vec![] };
     assert!(matches!(n.handle_message(NodeId(1), grant), Err(ProtocolError::Unexpected { .. })));
     let req = Message::DiffRequest { asks: vec![DiffAsk { page: PageIdx(999), want: 1, after_seq: 0 }] };
     assert!(matches!(n.handle_message(NodeId(1), req), Err(ProtocolError::PageOutOfRange { .. })));

@@ -362,6 +362,7 @@ fn random_data_race_free_programs_read_sequentially_consistent_values() {
             totals.pages_dropped += s.pages_dropped;
             totals.page_requests_sent += s.page_requests_sent;
             totals.validations += s.validations;
+            totals.diffs_piggybacked += s.diffs_piggybacked;
         }
     }
     eprintln!("sim totals: {totals:?}");
@@ -369,7 +370,7 @@ fn random_data_race_free_programs_read_sequentially_consistent_values() {
     assert!(totals.diffs_applied > 1000, "{totals:?}");
     assert!(totals.fast_twins > 1000 && totals.twins > 1000, "{totals:?}");
     assert!(totals.lock_acquires_remote > 1000 && totals.invalidations > 1000, "{totals:?}");
-    assert!(totals.validations > 500, "{totals:?}");
+    assert!(totals.validations > 500 && totals.diffs_piggybacked > 500, "{totals:?}");
     assert!(
         totals.collections > 500 && totals.pages_dropped > 100 && totals.page_requests_sent > 100,
         "{totals:?}"

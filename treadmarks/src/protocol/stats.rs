@@ -19,6 +19,8 @@ pub struct ProtocolStats {
     pub diff_bytes_applied: u64,
     /// View validations that fetched something (each batches many pages).
     pub validations: u64,
+    /// Diffs sent along with lock grants.
+    pub diffs_piggybacked: u64,
     /// Diff requests sent (one per writer per miss or validation) and pages served.
     pub diff_requests_sent: u64,
     pub diff_requests_served: u64,
