@@ -1,0 +1,93 @@
+//! `tmk-bench`: runs the example applications in their three modes at several node counts and
+//! reports times, speedups, DSM efficiency and the DSM statistics.
+//!
+//! ```text
+//! tmk-bench [--apps sor,water|all] [--nodes 1,2,4] [--reps 3] [--small] [--bin DIR] [--out DIR]
+//! ```
+//!
+//! For each app: `seq` once per repetition, then `threads` and `dsm` at every node count
+//! (`dsm` with `TMK_STATS=json`, whose per-node lines are added up). The median of the
+//! repetitions is reported. Output: a table on the terminal, `bench.json`, and two charts as SVG
+//! (`speedup.svg`: speedup over seq against nodes; `efficiency.svg`: DSM time / threads time per
+//! app), which need no fonts or libraries to render.
+#![forbid(unsafe_code)]
+
+mod apps;
+mod report;
+mod run;
+mod svg;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// What the user asked for.
+#[derive(Debug)]
+pub struct Plan {
+    pub apps: Vec<&'static apps::AppSpec>,
+    pub nodes: Vec<usize>,
+    pub reps: usize,
+    pub small: bool,
+    pub bin: PathBuf,
+    pub out: PathBuf,
+}
+
+fn usage(msg: &str) -> ! {
+    eprintln!("tmk-bench: {msg}\nusage: tmk-bench [--apps a,b|all] [--nodes 1,2,4] [--reps N] [--small] [--bin DIR] [--out DIR]");
+    std::process::exit(2);
+}
+
+fn parse() -> Plan {
+    let mut plan = Plan {
+        apps: apps::ALL.iter().collect(),
+        nodes: vec![1, 2, 4],
+        reps: 3,
+        small: false,
+        bin: std::env::current_exe().ok().and_then(|p| p.parent().map(PathBuf::from)).unwrap_or_default(),
+        out: PathBuf::from("target/tmk-bench"),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut value = || args.next().unwrap_or_else(|| usage(&format!("{a} needs a value")));
+        match a.as_str() {
+            "--apps" => {
+                let v = value();
+                if v != "all" {
+                    plan.apps = v
+                        .split(',')
+                        .map(|name| apps::find(name).unwrap_or_else(|| usage(&format!("unknown app {name:?}"))))
+                        .collect();
+                }
+            }
+            "--nodes" => {
+                plan.nodes = value()
+                    .split(',')
+                    .map(|n| n.parse().ok().filter(|&n| n > 0).unwrap_or_else(|| usage(&format!("bad node count {n:?}"))))
+                    .collect()
+            }
+            "--reps" => plan.reps = value().parse().ok().filter(|&r| r > 0).unwrap_or_else(|| usage("bad --reps")),
+            "--small" => plan.small = true,
+            "--bin" => plan.bin = PathBuf::from(value()),
+            "--out" => plan.out = PathBuf::from(value()),
+            other => usage(&format!("unknown argument {other:?}")),
+        }
+    }
+    plan
+}
+
+fn main() -> ExitCode {
+    let plan = parse();
+    let results = match run::run_all(&plan) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("tmk-bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    print!("{}", report::table(&results));
+    if let Err(e) = report::write_files(&plan.out, &results) {
+        eprintln!("tmk-bench: cannot write results to {}: {e}", plan.out.display());
+        return ExitCode::FAILURE;
+    }
+    println!("wrote {}/bench.json, speedup.svg, efficiency.svg", plan.out.display());
+    if results.iter().any(|r| r.failures > 0) { ExitCode::FAILURE } else { ExitCode::SUCCESS }
+}

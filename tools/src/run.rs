@@ -1,0 +1,140 @@
+//! Running the apps and reading what they print.
+
+use crate::apps::AppSpec;
+use crate::Plan;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// How long one run may take before it is killed.
+const RUN_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Median time and summed DSM statistics of one (app, mode, nodes) cell.
+#[derive(Debug, Clone, Default)]
+pub struct Cell {
+    pub secs: Option<f64>,
+    /// Per statistic, summed over the job's nodes (median run).
+    pub stats: BTreeMap<String, f64>,
+}
+
+/// Everything measured for one app.
+#[derive(Debug, Clone)]
+pub struct AppResult {
+    pub app: &'static AppSpec,
+    pub small: bool,
+    pub seq: Cell,
+    /// By node count.
+    pub threads: BTreeMap<usize, Cell>,
+    pub dsm: BTreeMap<usize, Cell>,
+    pub failures: usize,
+    pub detail: String,
+}
+
+struct One {
+    secs: f64,
+    stats: BTreeMap<String, f64>,
+    detail: String,
+}
+
+fn run_one(plan: &Plan, app: &AppSpec, mode: &str, n: usize) -> Result<One, String> {
+    let exe = plan.bin.join(app.name);
+    let mut cmd = Command::new(&exe);
+    cmd.args(["--mode", mode, "-n", &n.to_string()]);
+    if plan.small {
+        cmd.args(app.small);
+    }
+    cmd.env("TMK_STATS", "json").stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
+    let child = cmd.spawn().map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
+    let pgid = child.id() as i32;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let out = match rx.recv_timeout(RUN_TIMEOUT) {
+        Ok(out) => out.map_err(|e| e.to_string())?,
+        Err(_) => {
+            // The run hangs: kill its whole process group (the app and the nodes it started).
+            let _ = Command::new("kill").args(["-KILL", &format!("-{pgid}")]).status();
+            return Err(format!("no result within {RUN_TIMEOUT:?}; killed"));
+        }
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let result = stdout.lines().find_map(|l| l.strip_prefix("RESULT "));
+    let passed = stdout.lines().any(|l| l.trim() == "PASS");
+    let (Some(result), true, true) = (result, passed, out.status.success()) else {
+        let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
+        return Err(format!("{} ({})", out.status, tail.into_iter().rev().collect::<Vec<_>>().join(" | ")));
+    };
+    let field = |k: &str| result.split(' ').find_map(|f| f.strip_prefix(&format!("{k}=")));
+    let secs = field("secs").and_then(|s| s.parse().ok()).ok_or("RESULT line without secs")?;
+    let detail = result.split_once("detail=").map_or(String::new(), |(_, d)| d.trim_matches('"').to_string());
+    let mut stats = BTreeMap::new();
+    for line in stderr.lines().filter_map(|l| l.strip_prefix("TMK_STATS ")) {
+        if let Ok(serde_json::Value::Object(map)) = serde_json::from_str::<serde_json::Value>(line) {
+            for (k, v) in map {
+                if let Some(x) = v.as_f64().filter(|_| k != "node" && k != "nprocs") {
+                    *stats.entry(k).or_insert(0.0) += x;
+                }
+            }
+        }
+    }
+    Ok(One { secs, stats, detail })
+}
+
+/// The median run of `reps`, or the error of the first failure.
+fn measure(plan: &Plan, app: &AppSpec, mode: &str, n: usize, step: &mut usize, total: usize) -> (Cell, usize, String) {
+    let mut runs = Vec::new();
+    let mut failures = 0;
+    let mut detail = String::new();
+    for rep in 0..plan.reps {
+        *step += 1;
+        print!("\r[{step}/{total}] {} {mode} n={n} rep {} ...{:20}", app.name, rep + 1, "");
+        let _ = std::io::stdout().flush();
+        match run_one(plan, app, mode, n) {
+            Ok(one) => {
+                detail = one.detail.clone();
+                runs.push(one);
+            }
+            Err(e) => {
+                failures += 1;
+                println!("\r[{step}/{total}] {} {mode} n={n}: FAILED: {e}", app.name);
+            }
+        }
+    }
+    runs.sort_by(|a, b| a.secs.total_cmp(&b.secs));
+    let cell = runs.get(runs.len() / 2).map_or_else(Cell::default, |m| Cell { secs: Some(m.secs), stats: m.stats.clone() });
+    (cell, failures, detail)
+}
+
+/// Runs the whole plan, printing progress.
+pub fn run_all(plan: &Plan) -> Result<Vec<AppResult>, String> {
+    for app in &plan.apps {
+        let exe = plan.bin.join(app.name);
+        if !exe.exists() {
+            return Err(format!("{} not found (build with `cargo build --release`, or pass --bin DIR)", exe.display()));
+        }
+    }
+    let total = plan.apps.len() * plan.reps * (1 + 2 * plan.nodes.len());
+    let mut step = 0;
+    let mut results = Vec::new();
+    for &app in &plan.apps {
+        let (seq, mut failures, detail) = measure(plan, app, "seq", 1, &mut step, total);
+        let mut threads = BTreeMap::new();
+        let mut dsm = BTreeMap::new();
+        for &n in &plan.nodes {
+            let (cell, f, _) = measure(plan, app, "threads", n, &mut step, total);
+            threads.insert(n, cell);
+            failures += f;
+            let (cell, f, _) = measure(plan, app, "dsm", n, &mut step, total);
+            dsm.insert(n, cell);
+            failures += f;
+        }
+        results.push(AppResult { app, small: plan.small, seq, threads, dsm, failures, detail });
+    }
+    println!("\r{:70}", "");
+    Ok(results)
+}
