@@ -1,14 +1,22 @@
 //! Travelling salesman by branch and bound (TreadMarks' TSP): a priority queue of partial tours
 //! in the shared heap under one lock, the best tour so far under another. A node pops the most
-//! promising partial tour; while it has more than `--solve-below` cities left to visit it expands
-//! it (pushing the children that survive the bound back on the queue, in the same critical
-//! section) and pops again; a smaller one it solves by itself, depth first, with the best bound it
-//! read under the bound's lock, and publishes a better tour under that lock. The queue only grows
-//! inside its critical section, so an empty queue means the search is done.
+//! promising partial tour (lowest bound); while it has more than `--solve-below` cities left to
+//! visit it expands it (pushing the children that survive the bound back on the queue, in the
+//! same critical section) and pops again; a smaller one it solves by itself, depth first, below
+//! the best length known. The queue's header keeps a copy of that length, so taking work is one
+//! lock acquire; a node that finds a better tour stores it under the best tour's lock, then lowers
+//! the queue's copy. The queue only grows inside its critical section, so an empty queue means
+//! the search is done.
+//!
+//! The lower bound of a partial tour is its length plus an edge out of its last city, a minimum
+//! spanning tree of the cities left and an edge back to city 0. It prunes hard: a subtree of 12
+//! cities left is only some microseconds of work, so to keep the queue operations coarse (as
+//! TreadMarks' TSP does) the default solves subtrees of 15 cities left (a few hundred work items
+//! of about a millisecond for 18 cities).
 //!
 //! The optimal length is an integer: every mode must find exactly the sequential one.
 //!
-//! `tsp -n 2 [--mode dsm|seq|threads] [--cities 18] [--solve-below 14] [--seed 1]`
+//! `tsp -n 2 [--mode dsm|seq|threads] [--cities 18] [--solve-below 15] [--seed 1]`
 
 use bytemuck::{Pod, Zeroable};
 use std::process::ExitCode;
@@ -466,7 +474,7 @@ fn main() -> ExitCode {
     run_app("tsp", |app| {
         let s = Size {
             cities: app.args.get("cities", 18),
-            solve_below: app.args.get("solve-below", 14),
+            solve_below: app.args.get("solve-below", 15),
             seed: app.args.get("seed", 1),
         };
         let p = Problem::new(s.cities, s.seed);
