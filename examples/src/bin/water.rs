@@ -1,0 +1,423 @@
+//! Water-nsquared (SPLASH-2), with simplified physics: molecules of three sites (O, H, H) held
+//! by harmonic bonds, Lennard-Jones between oxygens and a Coulomb term between all sites of two
+//! molecules whose oxygens are closer than the cutoff (half the periodic box), integrated by a
+//! fourth-order Gear predictor-corrector.
+//!
+//! The structure is SPLASH's: molecules split into contiguous blocks per node; each step
+//! predicts, computes the intramolecular forces of its own molecules, then (barrier) the
+//! O(n^2/2) intermolecular pairs: molecule i against the n/2 molecules after it (cyclically),
+//! accumulated privately and then added into the shared force of each molecule under that
+//! molecule's lock; (barrier) corrects its own molecules, applies the periodic boundary and adds
+//! its energies into shared sums under a lock (barrier).
+//!
+//! Forces arrive under the locks in a run-dependent order, so results are compared with the
+//! sequential run within a relative tolerance of 1e-6 (positions relative to the box size).
+//!
+//! `water -n 2 [--mode dsm|seq|threads] [--molecules 512] [--steps 3]`
+
+use bytemuck::{Pod, Zeroable};
+use std::process::ExitCode;
+use std::sync::{Barrier, Mutex};
+use treadmarks::Shared;
+use treadmarks_examples::rng::Rng;
+use treadmarks_examples::{App, Mode, Outcome, SharedMut, Timer, block, run_app};
+
+const DT: f64 = 0.002;
+/// Site masses (O, H, H) and charges.
+const MASS: [f64; 3] = [16.0, 1.0, 1.0];
+const CHARGE: [f64; 3] = [-0.8, 0.4, 0.4];
+/// Harmonic bonds: O-H and H-H stiffness and rest lengths.
+const K_OH: f64 = 200.0;
+const R_OH: f64 = 0.33;
+const K_HH: f64 = 100.0;
+/// Lennard-Jones between oxygens.
+const LJ_EPS: f64 = 0.5;
+const LJ_SIGMA: f64 = 0.8;
+/// Gear corrector coefficients for a second-order equation, four values.
+const GEAR: [f64; 4] = [1.0 / 6.0, 5.0 / 6.0, 1.0, 1.0 / 3.0];
+const TOLERANCE: f64 = 1e-6;
+/// Lock of the energy sums; molecule `m` has lock `1 + m % MOL_LOCKS` (SPLASH's `MolLock`).
+const ENERGY_LOCK: u32 = 0;
+const MOL_LOCKS: usize = 1000;
+
+fn mol_lock(m: usize) -> u32 {
+    1 + (m % MOL_LOCKS) as u32
+}
+
+/// One molecule: for each derivative order (position, dt * velocity, dt^2/2 * acceleration,
+/// dt^3/6 * its derivative), the 9 coordinates of O, H1, H2.
+#[derive(Clone, Copy, Pod, Zeroable, Debug)]
+#[repr(C)]
+struct Mol {
+    x: [[f64; 9]; 4],
+}
+
+type Force = [f64; 9];
+
+struct Params {
+    molecules: usize,
+    steps: usize,
+    /// Side of the periodic box, and the interaction cutoff (half of it).
+    side: f64,
+    cutoff: f64,
+}
+
+impl Params {
+    fn new(molecules: usize, steps: usize) -> Params {
+        let per_side = (molecules as f64).cbrt().ceil() as usize;
+        let side = per_side as f64;
+        Params { molecules, steps, side, cutoff: side / 2.0 }
+    }
+}
+
+/// Molecules on a cubic lattice of spacing 1, jittered, randomly oriented, random velocities.
+fn initial(p: &Params) -> Vec<Mol> {
+    let mut rng = Rng::new(2024);
+    let per_side = p.side as usize;
+    let half_angle = 52.0f64.to_radians();
+    (0..p.molecules)
+        .map(|m| {
+            let cell = [m % per_side, m / per_side % per_side, m / (per_side * per_side)];
+            let o: [f64; 3] = std::array::from_fn(|k| cell[k] as f64 + 0.5 + rng.range(-0.05, 0.05));
+            // Two random orthonormal directions.
+            let u = unit(std::array::from_fn(|_| rng.range(-1.0, 1.0)));
+            let w = unit(cross(u, std::array::from_fn(|_| rng.range(-1.0, 1.0))));
+            let v: [f64; 3] = std::array::from_fn(|_| rng.range(-0.5, 0.5));
+            let mut mol = Mol::zeroed();
+            for k in 0..3 {
+                let (c, s) = (R_OH * half_angle.cos() * u[k], R_OH * half_angle.sin() * w[k]);
+                mol.x[0][k] = o[k];
+                mol.x[0][3 + k] = o[k] + c + s;
+                mol.x[0][6 + k] = o[k] + c - s;
+                for a in 0..3 {
+                    mol.x[1][3 * a + k] = v[k] * DT;
+                }
+            }
+            mol
+        })
+        .collect()
+}
+
+fn unit(v: [f64; 3]) -> [f64; 3] {
+    let n = (v[0] * v[0] + v[1] * v[1] + v[2] * v[2]).sqrt().max(1e-12);
+    [v[0] / n, v[1] / n, v[2] / n]
+}
+
+fn cross(a: [f64; 3], b: [f64; 3]) -> [f64; 3] {
+    [a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0]]
+}
+
+/// PREDIC: Taylor-expands every derivative one step ahead.
+fn predict(mols: &mut [Mol]) {
+    for m in mols {
+        for c in 0..9 {
+            let [x0, x1, x2, x3] = [m.x[0][c], m.x[1][c], m.x[2][c], m.x[3][c]];
+            m.x[0][c] = x0 + x1 + x2 + x3;
+            m.x[1][c] = x1 + 2.0 * x2 + 3.0 * x3;
+            m.x[2][c] = x2 + 3.0 * x3;
+        }
+    }
+}
+
+/// Adds the harmonic bond between sites `a` and `b` of `x` to `f`; returns its energy.
+fn bond(x: &[f64; 9], f: &mut Force, a: usize, b: usize, k: f64, r0: f64) -> f64 {
+    let d: [f64; 3] = std::array::from_fn(|i| x[3 * a + i] - x[3 * b + i]);
+    let r = (d[0] * d[0] + d[1] * d[1] + d[2] * d[2]).sqrt();
+    let s = -k * (r - r0) / r;
+    for i in 0..3 {
+        f[3 * a + i] += s * d[i];
+        f[3 * b + i] -= s * d[i];
+    }
+    0.5 * k * (r - r0) * (r - r0)
+}
+
+/// INTRAF: sets each molecule's force to its intramolecular one; returns their energy.
+fn intraf(mols: &[Mol], forces: &mut [Force]) -> f64 {
+    let r_hh = 2.0 * R_OH * 52.0f64.to_radians().sin();
+    let mut energy = 0.0;
+    for (m, f) in mols.iter().zip(forces) {
+        *f = [0.0; 9];
+        energy += bond(&m.x[0], f, 0, 1, K_OH, R_OH);
+        energy += bond(&m.x[0], f, 0, 2, K_OH, R_OH);
+        energy += bond(&m.x[0], f, 1, 2, K_HH, r_hh);
+    }
+    energy
+}
+
+/// The forces between molecules `a` and `b` (on `a`; `b` gets the opposite) and their energy,
+/// or nothing beyond the cutoff. Uses the periodic image of `b` nearest to `a`'s oxygen.
+fn pair(p: &Params, a: &[f64; 9], b: &[f64; 9], fa: &mut Force, fb: &mut Force) -> f64 {
+    let mut shift = [0.0; 3];
+    let mut r2 = 0.0;
+    for k in 0..3 {
+        let d = a[k] - b[k];
+        shift[k] = -p.side * (d / p.side).round();
+        let d = d + shift[k];
+        r2 += d * d;
+    }
+    if r2 >= p.cutoff * p.cutoff {
+        return 0.0;
+    }
+    let mut energy = 0.0;
+    for sa in 0..3 {
+        for sb in 0..3 {
+            let d: [f64; 3] = std::array::from_fn(|k| a[3 * sa + k] - b[3 * sb + k] + shift[k]);
+            let r2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
+            let inv = 1.0 / r2.sqrt();
+            let qq = CHARGE[sa] * CHARGE[sb];
+            // Coulomb, shifted to zero at the cutoff; f = -dU/dr / r.
+            energy += qq * (inv - 1.0 / p.cutoff);
+            let mut s = qq * inv * inv * inv;
+            if sa == 0 && sb == 0 {
+                let sr6 = (LJ_SIGMA * LJ_SIGMA / r2).powi(3);
+                energy += 4.0 * LJ_EPS * (sr6 * sr6 - sr6);
+                s += 24.0 * LJ_EPS * (2.0 * sr6 * sr6 - sr6) / r2;
+            }
+            for k in 0..3 {
+                fa[3 * sa + k] += s * d[k];
+                fb[3 * sb + k] -= s * d[k];
+            }
+        }
+    }
+    energy
+}
+
+/// INTERF for molecules `range`: each against the n/2 molecules after it, cyclically (the pair
+/// at distance exactly n/2 counted once), accumulated into private forces for all molecules.
+/// Returns them and the energy.
+fn interf(p: &Params, mols: &[Mol], range: std::ops::Range<usize>) -> (Vec<Force>, f64) {
+    let n = mols.len();
+    let mut acc = vec![[0.0; 9]; n];
+    let mut energy = 0.0;
+    for i in range {
+        for k in 1..=n / 2 {
+            if 2 * k == n && i >= n / 2 {
+                continue;
+            }
+            let j = (i + k) % n;
+            let (mut fi, mut fj) = ([0.0; 9], [0.0; 9]);
+            energy += pair(p, &mols[i].x[0], &mols[j].x[0], &mut fi, &mut fj);
+            for c in 0..9 {
+                acc[i][c] += fi[c];
+                acc[j][c] += fj[c];
+            }
+        }
+    }
+    (acc, energy)
+}
+
+/// The molecules whose private forces `range` touched, in the order a node adds them: its own
+/// block first, then the n/2 after it (cyclically), as SPLASH does to spread the lock traffic.
+fn touched(n: usize, range: std::ops::Range<usize>) -> impl Iterator<Item = usize> {
+    let count = if range.is_empty() { 0 } else { (range.len() + n / 2).min(n) };
+    (0..count).map(move |k| (range.start + k) % n)
+}
+
+fn add_force(f: &mut Force, add: &Force) {
+    for c in 0..9 {
+        f[c] += add[c];
+    }
+}
+
+/// CORREC and BNDRY: corrects every derivative from the new forces, wraps molecules whose
+/// oxygen left the box; returns the kinetic energy.
+fn correct(p: &Params, mols: &mut [Mol], forces: &[Force]) -> f64 {
+    let mut kinetic = 0.0;
+    for (m, f) in mols.iter_mut().zip(forces) {
+        for c in 0..9 {
+            let mass = MASS[c / 3];
+            let err = 0.5 * DT * DT * f[c] / mass - m.x[2][c];
+            for (o, g) in GEAR.iter().enumerate() {
+                m.x[o][c] += g * err;
+            }
+            let v = m.x[1][c] / DT;
+            kinetic += 0.5 * mass * v * v;
+        }
+        for k in 0..3 {
+            let o = m.x[0][k];
+            let shift = if o < 0.0 {
+                p.side
+            } else if o >= p.side {
+                -p.side
+            } else {
+                continue;
+            };
+            for a in 0..3 {
+                m.x[0][3 * a + k] += shift;
+            }
+        }
+    }
+    kinetic
+}
+
+/// Final molecules, and per step the potential and kinetic energy.
+type Final = (Vec<Mol>, Vec<f64>);
+
+fn sequential(p: &Params) -> Final {
+    let n = p.molecules;
+    let mut mols = initial(p);
+    let mut forces = vec![[0.0; 9]; n];
+    let mut energies = vec![0.0; 2 * p.steps];
+    for step in 0..p.steps {
+        predict(&mut mols);
+        let intra = intraf(&mols, &mut forces);
+        let (acc, inter) = interf(p, &mols, 0..n);
+        for m in touched(n, 0..n) {
+            add_force(&mut forces[m], &acc[m]);
+        }
+        let kinetic = correct(p, &mut mols, &forces);
+        energies[2 * step] += intra + inter;
+        energies[2 * step + 1] += kinetic;
+    }
+    (mols, energies)
+}
+
+fn threads(p: &Params, nthreads: usize) -> (f64, Final) {
+    let n = p.molecules;
+    let mut mols = initial(p);
+    let mut forces = vec![[0.0; 9]; n];
+    let energies = Mutex::new(vec![0.0; 2 * p.steps]);
+    let locks: Vec<Mutex<()>> = (0..MOL_LOCKS.min(n)).map(|_| Mutex::new(())).collect();
+    let barrier = Barrier::new(nthreads);
+    let t = Timer::start();
+    {
+        let (ms, fs) = (SharedMut::new(&mut mols), SharedMut::new(&mut forces));
+        std::thread::scope(|scope| {
+            for me in 0..nthreads {
+                let (ms, fs, barrier, locks, energies) = (&ms, &fs, &barrier, &locks, &energies);
+                scope.spawn(move || {
+                    let (begin, end) = block(n, me, nthreads);
+                    for step in 0..p.steps {
+                        // SAFETY: each thread writes only its own molecules and forces in this
+                        // phase, and reads nothing else.
+                        let intra = unsafe {
+                            let own = ms.slice_mut(begin..end);
+                            predict(own);
+                            intraf(own, fs.slice_mut(begin..end))
+                        };
+                        barrier.wait();
+                        // SAFETY: in this phase nobody writes the molecules.
+                        let (acc, inter) = interf(p, unsafe { ms.slice(0..n) }, begin..end);
+                        for m in touched(n, begin..end) {
+                            let _held = locks[m % MOL_LOCKS].lock().unwrap();
+                            // SAFETY: molecule m's force is written only under its lock in
+                            // this phase.
+                            add_force(unsafe { &mut fs.slice_mut(m..m + 1)[0] }, &acc[m]);
+                        }
+                        barrier.wait();
+                        // SAFETY: each thread touches only its own molecules and forces here.
+                        let kinetic = unsafe { correct(p, ms.slice_mut(begin..end), fs.slice(begin..end)) };
+                        {
+                            let mut e = energies.lock().unwrap();
+                            e[2 * step] += intra + inter;
+                            e[2 * step + 1] += kinetic;
+                        }
+                        barrier.wait();
+                    }
+                });
+            }
+        });
+    }
+    (t.secs(), (mols, energies.into_inner().unwrap()))
+}
+
+/// The shared data, as node 0 allocates and distributes it.
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
+struct Handles {
+    mols: Shared<[Mol]>,
+    forces: Shared<[Force]>,
+    energies: Shared<[f64]>,
+}
+
+fn dsm(app: &mut App, p: &Params) -> treadmarks::Result<(f64, Option<Final>)> {
+    let tmk = app.tmk();
+    let (me, nprocs, n) = (tmk.proc_id(), tmk.nprocs(), p.molecules);
+    let mut h = Handles::zeroed();
+    if me == 0 {
+        h = Handles {
+            mols: tmk.alloc_pages(n)?,
+            forces: tmk.alloc_pages(n)?,
+            energies: tmk.alloc_pages(2 * p.steps)?,
+        };
+        tmk.view_mut(&h.energies)?.fill(0.0);
+    }
+    tmk.distribute(&mut h)?;
+    let (begin, end) = block(n, me, nprocs);
+    let (own, own_forces) = (h.mols.slice(begin, end), h.forces.slice(begin, end));
+    tmk.view_mut(&own)?.copy_from_slice(&initial(p)[begin..end]);
+    tmk.barrier(0)?;
+    let t = Timer::start();
+    for step in 0..p.steps {
+        let intra = {
+            let mut mols = tmk.view_mut(&own)?;
+            predict(&mut mols);
+            intraf(&mols, &mut tmk.view_mut(&own_forces)?)
+        };
+        tmk.barrier(0)?;
+        let (acc, inter) = interf(p, &tmk.view(&h.mols)?, begin..end);
+        for m in touched(n, begin..end) {
+            let g = tmk.lock(mol_lock(m))?;
+            add_force(&mut g.view_mut(&h.forces.slice(m, m + 1))?[0], &acc[m]);
+        }
+        tmk.barrier(0)?;
+        let kinetic = correct(p, &mut tmk.view_mut(&own)?, &tmk.view(&own_forces)?);
+        {
+            let g = tmk.lock(ENERGY_LOCK)?;
+            let mut e = g.view_mut(&h.energies)?;
+            e[2 * step] += intra + inter;
+            e[2 * step + 1] += kinetic;
+        }
+        tmk.barrier(0)?;
+    }
+    let secs = t.secs();
+    let result = (me == 0).then(|| -> treadmarks::Result<Final> {
+        Ok((tmk.view(&h.mols)?.to_vec(), tmk.view(&h.energies)?.to_vec()))
+    });
+    Ok((secs, result.transpose()?))
+}
+
+/// The largest relative differences from the sequential result: positions (relative to the box
+/// side) and energies.
+fn errors(p: &Params, got: &Final, want: &Final) -> (f64, f64) {
+    let pos = got
+        .0
+        .iter()
+        .zip(&want.0)
+        .flat_map(|(a, b)| a.x[0].iter().zip(&b.x[0]).map(|(x, y)| (x - y).abs() / p.side))
+        .fold(0.0, f64::max);
+    let energy =
+        got.1.iter().zip(&want.1).map(|(x, y)| (x - y).abs() / y.abs().max(1e-300)).fold(0.0, f64::max);
+    (pos, energy)
+}
+
+fn main() -> ExitCode {
+    run_app("water", |app| {
+        let p = Params::new(app.args.get("molecules", 512), app.args.get("steps", 3));
+        let size = format!("{} molecules, {} steps", p.molecules, p.steps);
+        let (secs, got) = match app.mode {
+            Mode::Seq => {
+                let t = Timer::start();
+                let r = sequential(&p);
+                let secs = t.secs();
+                let detail = format!("{size}; energies (potential, kinetic) {:?}", r.1);
+                let ok = r.1.iter().all(|e| e.is_finite());
+                return Ok(Outcome { secs, ok, detail });
+            }
+            Mode::Threads => {
+                let (secs, r) = threads(&p, app.nprocs);
+                (secs, Some(r))
+            }
+            Mode::Dsm => dsm(app, &p)?,
+        };
+        let Some(got) = got else {
+            return Ok(Outcome { secs, ok: true, detail: size });
+        };
+        let (pos, energy) = errors(&p, &got, &sequential(&p));
+        let ok = pos <= TOLERANCE && energy <= TOLERANCE;
+        let detail = format!(
+            "{size}; max relative error: positions {pos:.2e}, energies {energy:.2e} (tolerance {TOLERANCE:.0e})"
+        );
+        Ok(Outcome { secs, ok, detail })
+    })
+}
