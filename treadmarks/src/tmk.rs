@@ -5,7 +5,7 @@
 use crate::config::{Config, Role};
 use crate::error::{Error, Result};
 use crate::mem::{BorrowTracker, Doorbell, FaultHandler, Heap, HeapLayout, HeapPages, Shared, View, ViewMut};
-use crate::protocol::{AppDone, BarrierId, LockId, Node, NodeConfig, NodeId};
+use crate::protocol::{AppDone, BarrierId, LockId, Node, NodeConfig, NodeId, ProtocolError};
 use crate::runtime::launch::{self, Children};
 use crate::runtime::{Command, Engine, Mailbox, Reply, service};
 use crate::stats::Stats;
@@ -47,6 +47,9 @@ pub struct Tmk {
     lock_wait: Duration,
     barrier_wait: Duration,
     exited: bool,
+    /// Locks this node holds (releases are checked here, since they do not wait for a reply).
+    held: Vec<u32>,
+    nlocks: u32,
     _faults: Option<FaultHandler>,
     heap: Arc<Heap>,
 }
@@ -104,7 +107,7 @@ impl Tmk {
                 timeout: config.connect_timeout,
             };
             let mesh = connect_mesh(&mesh_cfg, listener)?;
-            let mailbox = Arc::new(Mailbox { command: Mutex::new(None), reply: Mutex::new(None), doorbell });
+            let mailbox = Arc::new(Mailbox { command: Mutex::new(Default::default()), reply: Mutex::new(None), doorbell });
             let handle = service::spawn(node, heap.clone(), mailbox.clone(), mesh)?;
             (Engine::Remote { mailbox, service: Some(handle) }, Some(faults))
         };
@@ -120,6 +123,8 @@ impl Tmk {
             lock_wait: Duration::ZERO,
             barrier_wait: Duration::ZERO,
             exited: false,
+            held: Vec::new(),
+            nlocks: config.nlocks,
             _faults: faults,
             heap,
         })
@@ -214,11 +219,24 @@ impl Tmk {
         let t = Instant::now();
         let r = self.done(Command::Acquire(LockId(id)));
         self.lock_wait += t.elapsed();
-        r.map(drop)
+        r?;
+        self.held.push(id);
+        Ok(())
     }
 
-    /// Releases lock `id` (TreadMarks' `Tmk_lock_release`).
+    /// Releases lock `id` (TreadMarks' `Tmk_lock_release`). Returns at once: the runtime ends
+    /// the interval and passes the lock on while the application goes on.
     pub fn lock_release(&mut self, id: u32) -> Result<()> {
+        let Some(i) = self.held.iter().position(|&l| l == id) else {
+            let lock = LockId(id);
+            return Err(if id >= self.nlocks {
+                ProtocolError::UnknownLock { lock, nlocks: self.nlocks }
+            } else {
+                ProtocolError::NotHeld { lock }
+            }
+            .into());
+        };
+        self.held.swap_remove(i);
         self.call(Command::Release(LockId(id))).map(drop)
     }
 

@@ -82,9 +82,11 @@ pub(crate) fn start(
 }
 
 /// The app-thread ↔ service-thread hand-off for commands (faults use the doorbell's slot).
+/// Commands queue in program order; all but releases wait for their reply, so at most one
+/// command awaits a reply at a time, and it is the last in the queue.
 #[derive(Debug)]
 pub(crate) struct Mailbox {
-    pub command: Mutex<Option<Command>>,
+    pub command: Mutex<std::collections::VecDeque<Command>>,
     pub reply: Mutex<Option<Result<Reply>>>,
     pub doorbell: Arc<Doorbell>,
 }
@@ -134,8 +136,12 @@ impl Engine {
     }
 
     fn call_remote(mailbox: &Mailbox, cmd: Command) -> Result<Reply> {
-        *mailbox.command.lock().expect("mailbox") = Some(cmd);
+        let posted_only = matches!(cmd, Command::Release(_));
+        mailbox.command.lock().expect("mailbox").push_back(cmd);
         mailbox.doorbell.ring_service();
+        if posted_only {
+            return Ok(Reply::Released);
+        }
         loop {
             mailbox.doorbell.wait_app();
             if let Some(reply) = mailbox.reply.lock().expect("mailbox").take() {

@@ -201,6 +201,15 @@ impl Service {
     }
 
     fn on_doorbell(&mut self) {
+        // Commands first: the application posted them (releases need no answer and do not wait)
+        // before it faulted, so program order puts them before the fault.
+        loop {
+            let cmd = self.mailbox.command.lock().expect("mailbox").pop_front();
+            match cmd {
+                Some(cmd) => self.on_command(cmd),
+                None => break,
+            }
+        }
         if let Some((page, kind)) = self.mailbox.doorbell.take_fault() {
             self.app = App::InFault(Instant::now());
             if let Some(why) = &self.failed {
@@ -211,29 +220,40 @@ impl Service {
                 self.fail(format!("page fault on {page}: {e}"));
             }
         }
-        let cmd = self.mailbox.command.lock().expect("mailbox").take();
-        if let Some(cmd) = cmd {
-            self.app = App::InCommand;
-            if matches!(cmd, Command::Shutdown) {
-                self.shutdown = true;
-                return;
+    }
+
+    fn on_command(&mut self, cmd: Command) {
+        if let Command::Release(lock) = cmd {
+            // Posted without waiting: the application checked what it could (a lock it holds,
+            // in range); anything else is a broken job, reported at its next call.
+            self.drain_twins();
+            if self.failed.is_none()
+                && let Err(e) = self.node.request_release(lock)
+            {
+                self.fail(format!("release of {lock}: {e}"));
             }
-            if let Some(why) = &self.failed {
-                return self.reply(Err(Error::Failed(why.clone())));
+            return;
+        }
+        self.app = App::InCommand;
+        if matches!(cmd, Command::Shutdown) {
+            self.shutdown = true;
+            return;
+        }
+        if let Some(why) = &self.failed {
+            return self.reply(Err(Error::Failed(why.clone())));
+        }
+        match cmd {
+            Command::Stats => {
+                let s = self.snapshot();
+                self.reply(Ok(Reply::Stats(Box::new(s))));
             }
-            match cmd {
-                Command::Stats => {
-                    let s = self.snapshot();
-                    self.reply(Ok(Reply::Stats(Box::new(s))));
-                }
-                cmd => {
-                    self.exiting |= matches!(cmd, Command::Exit);
-                    self.drain_twins();
-                    match start(&mut self.node, cmd) {
-                        Ok(Some(r)) => self.reply(Ok(r)),
-                        Ok(None) => {}
-                        Err(e) => self.reply(Err(e.into())),
-                    }
+            cmd => {
+                self.exiting |= matches!(cmd, Command::Exit);
+                self.drain_twins();
+                match start(&mut self.node, cmd) {
+                    Ok(Some(r)) => self.reply(Ok(r)),
+                    Ok(None) => {}
+                    Err(e) => self.reply(Err(e.into())),
                 }
             }
         }
