@@ -320,7 +320,7 @@ fn dsm(app: &mut App, n1: usize) -> treadmarks::Result<(f64, bool, String)> {
 fn main() -> ExitCode {
     run_app("fft", |app| {
         let m: u32 = app.args.get("log2n", 20);
-        if !(2..=40).contains(&m) || m % 2 != 0 {
+        if !(2..=40).contains(&m) || !m.is_multiple_of(2) {
             return Err(treadmarks::Error::Failed(format!("--log2n {m} must be even, from 2 to 40")));
         }
         let n1 = 1usize << (m / 2);

@@ -75,11 +75,11 @@ fn sequential(s: &Size) -> Vec<f64> {
 fn relax(s: &Size, mut grids: [Vec<f64>; 2]) -> Vec<f64> {
     for it in 0..s.iterations {
         let [g0, g1] = &mut grids;
-        let (src, dst) = if it % 2 == 0 { (&*g0, g1) } else { (&*g1, g0) };
+        let (src, dst) = if it.is_multiple_of(2) { (&*g0, g1) } else { (&*g1, g0) };
         sweep(dst, 0, src, 0, 0..s.nx, s);
     }
     let [g0, g1] = grids;
-    if s.iterations % 2 == 0 { g0 } else { g1 }
+    if s.iterations.is_multiple_of(2) { g0 } else { g1 }
 }
 
 fn threads(s: &Size, n: usize) -> (f64, Vec<f64>) {
@@ -112,7 +112,7 @@ fn threads(s: &Size, n: usize) -> (f64, Vec<f64>) {
     }
     let secs = t.secs();
     let [g0, g1] = grids;
-    (secs, if s.iterations % 2 == 0 { g0 } else { g1 })
+    (secs, if s.iterations.is_multiple_of(2) { g0 } else { g1 })
 }
 
 fn dsm(app: &mut App, s: &Size) -> treadmarks::Result<(f64, bool)> {
