@@ -13,13 +13,25 @@ pub struct AppSpec {
 
 /// Every app of the suite.
 pub const ALL: &[AppSpec] = &[
-    AppSpec { name: "sor", small: &["--rows", "500", "--cols", "500", "--iterations", "20"], iterations: Some((100, 20)) },
-    AppSpec { name: "jacobi3d", small: &["--nx", "64", "--ny", "64", "--nz", "32", "--iterations", "5"], iterations: Some((20, 5)) },
+    AppSpec {
+        name: "sor",
+        small: &["--rows", "500", "--cols", "500", "--iterations", "20"],
+        iterations: Some((100, 20)),
+    },
+    AppSpec {
+        name: "jacobi3d",
+        small: &["--nx", "64", "--ny", "64", "--nz", "32", "--iterations", "5"],
+        iterations: Some((20, 5)),
+    },
     AppSpec { name: "water", small: &["--molecules", "64", "--steps", "2"], iterations: Some((3, 2)) },
     AppSpec { name: "barnes", small: &["--bodies", "1024", "--steps", "1"], iterations: Some((2, 1)) },
     AppSpec { name: "tsp", small: &["--cities", "10"], iterations: None },
     AppSpec { name: "qsort", small: &["--keys", "100000"], iterations: None },
-    AppSpec { name: "is", small: &["--log2keys", "16", "--log2max", "12", "--iterations", "2"], iterations: Some((10, 2)) },
+    AppSpec {
+        name: "is",
+        small: &["--log2keys", "16", "--log2max", "12", "--iterations", "2"],
+        iterations: Some((10, 2)),
+    },
     AppSpec { name: "fft", small: &["--log2n", "12"], iterations: None },
     AppSpec { name: "lu", small: &["--size", "128", "--block", "16"], iterations: None },
     AppSpec { name: "radix", small: &["--keys", "100000"], iterations: None },

@@ -32,7 +32,9 @@ pub struct Plan {
 }
 
 fn usage(msg: &str) -> ! {
-    eprintln!("tmk-bench: {msg}\nusage: tmk-bench [--apps a,b|all] [--nodes 1,2,4] [--reps N] [--small] [--bin DIR] [--out DIR]");
+    eprintln!(
+        "tmk-bench: {msg}\nusage: tmk-bench [--apps a,b|all] [--nodes 1,2,4] [--reps N] [--small] [--bin DIR] [--out DIR]"
+    );
     std::process::exit(2);
 }
 
@@ -54,17 +56,26 @@ fn parse() -> Plan {
                 if v != "all" {
                     plan.apps = v
                         .split(',')
-                        .map(|name| apps::find(name).unwrap_or_else(|| usage(&format!("unknown app {name:?}"))))
+                        .map(|name| {
+                            apps::find(name).unwrap_or_else(|| usage(&format!("unknown app {name:?}")))
+                        })
                         .collect();
                 }
             }
             "--nodes" => {
                 plan.nodes = value()
                     .split(',')
-                    .map(|n| n.parse().ok().filter(|&n| n > 0).unwrap_or_else(|| usage(&format!("bad node count {n:?}"))))
+                    .map(|n| {
+                        n.parse()
+                            .ok()
+                            .filter(|&n| n > 0)
+                            .unwrap_or_else(|| usage(&format!("bad node count {n:?}")))
+                    })
                     .collect()
             }
-            "--reps" => plan.reps = value().parse().ok().filter(|&r| r > 0).unwrap_or_else(|| usage("bad --reps")),
+            "--reps" => {
+                plan.reps = value().parse().ok().filter(|&r| r > 0).unwrap_or_else(|| usage("bad --reps"))
+            }
             "--small" => plan.small = true,
             "--bin" => plan.bin = PathBuf::from(value()),
             "--out" => plan.out = PathBuf::from(value()),

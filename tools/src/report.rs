@@ -32,7 +32,20 @@ pub fn table(results: &[AppResult]) -> String {
     let _ = writeln!(
         s,
         "{:<9} {:>2} {:>8} {:>8} {:>8} {:>7} {:>9} {:>9} {:>11} {:>9} {:>7} {:>8} {:>9} {:>9}",
-        "app", "n", "seq s", "thr s", "dsm s", "speedup", "dsm/thr", "msgs", "bytes", "msgs/iter", "diffs", "faults", "lock ms", "barr ms"
+        "app",
+        "n",
+        "seq s",
+        "thr s",
+        "dsm s",
+        "speedup",
+        "dsm/thr",
+        "msgs",
+        "bytes",
+        "msgs/iter",
+        "diffs",
+        "faults",
+        "lock ms",
+        "barr ms"
     );
     for r in results {
         for (&n, dsm) in &r.dsm {
@@ -109,7 +122,10 @@ pub fn write_files(out: &Path, results: &[AppResult]) -> std::io::Result<()> {
             points: r.dsm.iter().filter_map(|(&n, c)| Some((n as f64, ratio(r.seq.secs, c.secs)?))).collect(),
         })
         .collect();
-    std::fs::write(out.join("speedup.svg"), svg::lines("DSM speedup over sequential", "nodes", "speedup", &speedups))?;
+    std::fs::write(
+        out.join("speedup.svg"),
+        svg::lines("DSM speedup over sequential", "nodes", "speedup", &speedups),
+    )?;
     let mut groups: Vec<String> = Vec::new();
     let mut bars: Vec<svg::Series> = Vec::new();
     for r in results {
@@ -123,6 +139,9 @@ pub fn write_files(out: &Path, results: &[AppResult]) -> std::io::Result<()> {
             }
         }
     }
-    std::fs::write(out.join("efficiency.svg"), svg::bars("DSM time / threads time (lower is better)", &groups, &bars))?;
+    std::fs::write(
+        out.join("efficiency.svg"),
+        svg::bars("DSM time / threads time (lower is better)", &groups, &bars),
+    )?;
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! Running the apps and reading what they print.
 
-use crate::apps::AppSpec;
 use crate::Plan;
+use crate::apps::AppSpec;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::process::CommandExt;
@@ -86,7 +86,14 @@ fn run_one(plan: &Plan, app: &AppSpec, mode: &str, n: usize) -> Result<One, Stri
 }
 
 /// The median run of `reps`, or the error of the first failure.
-fn measure(plan: &Plan, app: &AppSpec, mode: &str, n: usize, step: &mut usize, total: usize) -> (Cell, usize, String) {
+fn measure(
+    plan: &Plan,
+    app: &AppSpec,
+    mode: &str,
+    n: usize,
+    step: &mut usize,
+    total: usize,
+) -> (Cell, usize, String) {
     let mut runs = Vec::new();
     let mut failures = 0;
     let mut detail = String::new();
@@ -106,7 +113,9 @@ fn measure(plan: &Plan, app: &AppSpec, mode: &str, n: usize, step: &mut usize, t
         }
     }
     runs.sort_by(|a, b| a.secs.total_cmp(&b.secs));
-    let cell = runs.get(runs.len() / 2).map_or_else(Cell::default, |m| Cell { secs: Some(m.secs), stats: m.stats.clone() });
+    let cell = runs
+        .get(runs.len() / 2)
+        .map_or_else(Cell::default, |m| Cell { secs: Some(m.secs), stats: m.stats.clone() });
     (cell, failures, detail)
 }
 
@@ -115,7 +124,10 @@ pub fn run_all(plan: &Plan) -> Result<Vec<AppResult>, String> {
     for app in &plan.apps {
         let exe = plan.bin.join(app.name);
         if !exe.exists() {
-            return Err(format!("{} not found (build with `cargo build --release`, or pass --bin DIR)", exe.display()));
+            return Err(format!(
+                "{} not found (build with `cargo build --release`, or pass --bin DIR)",
+                exe.display()
+            ));
         }
     }
     let total = plan.apps.len() * plan.reps * (1 + 2 * plan.nodes.len());

@@ -15,8 +15,10 @@ const L: f64 = 60.0; // left margin
 const R: f64 = 150.0; // right margin (legend)
 const T: f64 = 40.0;
 const B: f64 = 50.0;
-const COLORS: [&str; 12] =
-    ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939"];
+const COLORS: [&str; 12] = [
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+    "#17becf", "#393b79", "#637939",
+];
 
 fn header(title: &str) -> String {
     let mut s = String::new();
@@ -30,7 +32,10 @@ fn header(title: &str) -> String {
 
 fn axes(s: &mut String, y_max: f64, y_label: &str, x_label: &str) {
     let (x0, y0, x1) = (L, H - B, W - R);
-    let _ = write!(s, r#"<line x1="{x0}" y1="{y0}" x2="{x1}" y2="{y0}" stroke="black"/><line x1="{x0}" y1="{T}" x2="{x0}" y2="{y0}" stroke="black"/>"#);
+    let _ = write!(
+        s,
+        r#"<line x1="{x0}" y1="{y0}" x2="{x1}" y2="{y0}" stroke="black"/><line x1="{x0}" y1="{T}" x2="{x0}" y2="{y0}" stroke="black"/>"#
+    );
     for k in 0..=5 {
         let v = y_max * k as f64 / 5.0;
         let y = y0 - (y0 - T) * k as f64 / 5.0;
@@ -82,9 +87,11 @@ pub fn lines(title: &str, x_label: &str, y_label: &str, series: &[Series]) -> St
         let _ = write!(s, r#"<text x="{}" y="{}" text-anchor="middle">{x}</text>"#, px(x), H - B + 16.0);
     }
     for (i, ser) in series.iter().enumerate() {
-        let pts: Vec<String> = ser.points.iter().map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y))).collect();
+        let pts: Vec<String> =
+            ser.points.iter().map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y))).collect();
         let c = COLORS[i % COLORS.len()];
-        let _ = write!(s, r#"<polyline fill="none" stroke="{c}" stroke-width="2" points="{}"/>"#, pts.join(" "));
+        let _ =
+            write!(s, r#"<polyline fill="none" stroke="{c}" stroke-width="2" points="{}"/>"#, pts.join(" "));
         for &(x, y) in &ser.points {
             let _ = write!(s, r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{c}"/>"#, px(x), py(y));
         }
@@ -124,7 +131,11 @@ pub fn bars(title: &str, groups: &[String], series: &[Series]) -> String {
     }
     // The 1.0 line: DSM as fast as threads.
     let y1 = (H - B) - (H - B - T) / y_max;
-    let _ = write!(s, r#"<line x1="{L}" y1="{y1:.1}" x2="{}" y2="{y1:.1}" stroke="black" stroke-dasharray="4 3"/>"#, W - R);
+    let _ = write!(
+        s,
+        r#"<line x1="{L}" y1="{y1:.1}" x2="{}" y2="{y1:.1}" stroke="black" stroke-dasharray="4 3"/>"#,
+        W - R
+    );
     legend(&mut s, &series.iter().map(|x| x.name.as_str()).collect::<Vec<_>>());
     s.push_str("</svg>\n");
     s

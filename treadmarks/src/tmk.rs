@@ -107,7 +107,11 @@ impl Tmk {
                 timeout: config.connect_timeout,
             };
             let mesh = connect_mesh(&mesh_cfg, listener)?;
-            let mailbox = Arc::new(Mailbox { command: Mutex::new(Default::default()), reply: Mutex::new(None), doorbell });
+            let mailbox = Arc::new(Mailbox {
+                command: Mutex::new(Default::default()),
+                reply: Mutex::new(None),
+                doorbell,
+            });
             let handle = service::spawn(node, heap.clone(), mailbox.clone(), mesh)?;
             (Engine::Remote { mailbox, service: Some(handle) }, Some(faults))
         };

@@ -98,7 +98,6 @@ impl<M: PageMemory> Node<M> {
         if let Some((to, vt)) = self.locks[lock.idx()].next.take() {
             self.grant(lock, to, &vt);
         }
-        self.app_ran = true; // the application goes on at once
         self.deliver_local()
     }
 

@@ -80,10 +80,6 @@ pub struct Node<M> {
     pub(crate) pages: Vec<PageMeta>,
     /// Pages with a twin, i.e. written since their last diff.
     pub(crate) twinned: BTreeSet<PageIdx>,
-    /// The application has run since the open interval began (so it may have written pages that
-    /// have a twin). An interval closes only if this is so: a node blocked since it closed its
-    /// interval (at a barrier arrival, say) has written nothing new.
-    pub(crate) app_ran: bool,
     pub(crate) diff_seq: u64,
     pub(crate) locks: Vec<LockState>,
     /// Locks held at some point during the open interval.
@@ -126,7 +122,6 @@ impl<M: PageMemory> Node<M> {
             log: IntervalLog::new(n),
             pages: vec![PageMeta::default(); npages],
             twinned: BTreeSet::new(),
-            app_ran: true,
             diff_seq: 0,
             locks,
             interval_locks: Vec::new(),
@@ -204,9 +199,7 @@ impl<M: PageMemory> Node<M> {
 
     /// Completion of the pending application request, if it completed.
     pub fn poll_done(&mut self) -> Option<AppDone> {
-        let done = self.done.pop_front();
-        self.app_ran |= done.is_some();
-        done
+        self.done.pop_front()
     }
 
     /// A fault on page `p`: resolves it locally (twin) or starts an access miss.
@@ -318,20 +311,29 @@ impl<M: PageMemory> Node<M> {
         self.vt.get(self.me) + 1
     }
 
-    /// Closes the open interval if it wrote anything: records its write notices (every page
-    /// with a twin) and the locks held during it.
+    /// Closes the open interval if it made a twin: records a write notice for every page whose
+    /// twin was made in it, and the locks held during it.
+    ///
+    /// A page whose twin survives from an earlier interval is not listed again, though it may
+    /// have been written again: its earlier notice already covers those writes. Whoever holds
+    /// that notice asks for the page's diffs up to at least the twin's interval, which cuts the
+    /// twin, so the diff it gets holds every write made until then; once the twin is cut, the
+    /// next write makes a fresh twin, and a fresh notice. So a page written every interval faults
+    /// once and is noticed once per diff, not once per interval, and an interval that made no
+    /// twin carries no information and is not recorded.
     pub(crate) fn close_interval(&mut self) {
-        if self.twinned.is_empty() || !self.app_ran {
+        let index = self.open_interval();
+        let fresh: Vec<PageIdx> =
+            self.twinned.iter().copied().filter(|p| self.pages[p.idx()].twin == Some(index)).collect();
+        if fresh.is_empty() {
             return;
         }
-        self.app_ran = false;
-        let index = self.open_interval();
         self.vt.set(self.me, index);
         let rec = IntervalRecord {
             node: self.me,
             index,
             vt: self.vt.clone(),
-            pages: self.twinned.iter().copied().collect(),
+            pages: fresh,
             locks: std::mem::take(&mut self.interval_locks),
         };
         self.stats.intervals += 1;
