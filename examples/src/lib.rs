@@ -13,6 +13,7 @@
 //! `tools/` parses the `RESULT` line; with `TMK_STATS=json` every node also prints its
 //! statistics as one `TMK_STATS {...}` line on standard error.
 
+pub mod keys;
 pub mod rng;
 pub mod shared_mut;
 

@@ -1,0 +1,240 @@
+//! NAS-style integer sort (IS): rank `2^log2keys` keys in `0..2^log2max`, `--iterations` times.
+//! Keys follow NAS' distribution (the mean of four uniform numbers, so a bell shape); like NAS,
+//! iteration `i` (from 1) first sets key `i` to `i` and key `i + iterations` to `max - i`, then
+//! ranks all keys: `ranks[k]` is the number of keys `<= k` (NAS' `key_buff1` after its prefix
+//! sum; the rank of a key `k` is `ranks[k - 1]`).
+//!
+//! Each node owns a contiguous block of the keys and a contiguous block of the key values. The
+//! reduction goes through shared memory, one shared count array per node (no lock): every node
+//! counts its keys into its own row of a shared `nprocs x max` count array; barrier; every node
+//! adds up all rows over its block of key values and scans them into its block of the shared
+//! rank array, publishing its block's total; barrier; every node adds the totals of the blocks
+//! before it to its block of ranks.
+//!
+//! Check (NAS' verification idea, in full): the ranks after the last iteration equal a
+//! sequential ranking's.
+//!
+//! `is -n 2 [--mode dsm|seq|threads] [--log2keys 22] [--log2max 19] [--iterations 10] [--seed 1]`
+
+use std::process::ExitCode;
+use std::sync::Barrier;
+use treadmarks::Shared;
+use treadmarks_examples::{App, Mode, Outcome, SharedMut, Timer, block, keys};
+
+/// Count rows are padded to whole 4 KiB pages (1024 `u32`s).
+const ROW_PAD: usize = 1024;
+
+#[derive(Clone, Copy)]
+struct Size {
+    keys: usize,
+    max: usize,
+    log2max: u32,
+    iterations: usize,
+    seed: u64,
+}
+
+impl Size {
+    fn stride(&self) -> usize {
+        self.max.next_multiple_of(ROW_PAD)
+    }
+}
+
+/// Keys `start..start + out.len()` of the input: NAS' bell-shaped distribution, the sum of four
+/// uniform 32-bit numbers scaled to `0..2^log2max`.
+fn fill_keys(out: &mut [u32], start: usize, s: &Size) {
+    for (k, o) in out.iter_mut().enumerate() {
+        let i = 4 * (start + k) as u64;
+        let sum: u64 = (0..4).map(|j| keys::mix(s.seed, i + j) >> 32).sum();
+        *o = (sum >> (34 - s.log2max)) as u32;
+    }
+}
+
+/// NAS' per-iteration change to the keys, applied to the block `keys` that starts at key `start`.
+fn modify(keys: &mut [u32], start: usize, iteration: usize, s: &Size) {
+    for (i, v) in [(iteration, iteration), (iteration + s.iterations, s.max - iteration)] {
+        if (start..start + keys.len()).contains(&i) {
+            keys[i - start] = v as u32;
+        }
+    }
+}
+
+/// Counts `keys` by value into `row` (cleared first).
+fn count(keys: &[u32], row: &mut [u32]) {
+    row.fill(0);
+    for &k in keys {
+        row[k as usize] += 1;
+    }
+}
+
+/// Adds up `rows` (all of the same block of key values) and writes the inclusive prefix sum into
+/// `out`; returns the block's total.
+fn reduce_scan(rows: &[&[u32]], out: &mut [u32]) -> u32 {
+    let mut sum = 0;
+    for (k, o) in out.iter_mut().enumerate() {
+        sum += rows.iter().map(|r| r[k]).sum::<u32>();
+        *o = sum;
+    }
+    sum
+}
+
+/// Adds `offset` to every rank of a block.
+fn add(ranks: &mut [u32], offset: u32) {
+    for r in ranks {
+        *r += offset;
+    }
+}
+
+fn input(s: &Size) -> Vec<u32> {
+    let mut v = vec![0; s.keys];
+    fill_keys(&mut v, 0, s);
+    v
+}
+
+fn sequential(s: &Size, keys: &mut [u32]) -> Vec<u32> {
+    let mut counts = vec![0; s.max];
+    let mut ranks = vec![0; s.max];
+    for it in 1..=s.iterations {
+        modify(keys, 0, it, s);
+        count(keys, &mut counts);
+        reduce_scan(&[&counts], &mut ranks);
+    }
+    ranks
+}
+
+fn expected(s: &Size) -> Vec<u32> {
+    sequential(s, &mut input(s))
+}
+
+fn threads(s: &Size, n: usize) -> (f64, Vec<u32>) {
+    let mut keys = input(s);
+    let mut counts = vec![0; n * s.stride()];
+    let mut ranks = vec![0; s.max];
+    let mut totals = vec![0; n];
+    let barrier = Barrier::new(n);
+    let t = Timer::start();
+    {
+        let (keys, counts) = (SharedMut::new(&mut keys), SharedMut::new(&mut counts));
+        let (ranks, totals) = (SharedMut::new(&mut ranks), SharedMut::new(&mut totals));
+        std::thread::scope(|scope| {
+            for me in 0..n {
+                let (keys, counts, ranks, totals, barrier) = (&keys, &counts, &ranks, &totals, &barrier);
+                scope.spawn(move || {
+                    let (begin, end) = block(s.keys, me, n);
+                    let (k0, k1) = block(s.max, me, n);
+                    let row = me * s.stride()..me * s.stride() + s.max;
+                    for it in 1..=s.iterations {
+                        // SAFETY: each thread writes only its own block of keys and its own count
+                        // row; nobody reads them in this phase.
+                        unsafe {
+                            let mine = keys.slice_mut(begin..end);
+                            modify(mine, begin, it, s);
+                            count(mine, counts.slice_mut(row.clone()));
+                        }
+                        barrier.wait();
+                        // SAFETY: nobody writes the count rows in this phase; each thread writes
+                        // only its own block of ranks and its own total.
+                        unsafe {
+                            let rows: Vec<&[u32]> = (0..n)
+                                .map(|p| counts.slice(p * s.stride() + k0..p * s.stride() + k1))
+                                .collect();
+                            totals.slice_mut(me..me + 1)[0] = reduce_scan(&rows, ranks.slice_mut(k0..k1));
+                        }
+                        barrier.wait();
+                        // SAFETY: nobody writes the totals in this phase; each thread writes only
+                        // its own block of ranks (the next write of a total follows a barrier).
+                        unsafe {
+                            let offset = totals.slice(0..me).iter().sum();
+                            add(ranks.slice_mut(k0..k1), offset);
+                        }
+                    }
+                });
+            }
+        });
+    }
+    (t.secs(), ranks)
+}
+
+fn dsm(app: &mut App, s: &Size) -> treadmarks::Result<(f64, bool)> {
+    let tmk = app.tmk();
+    let (me, n) = (tmk.proc_id(), tmk.nprocs());
+    let mut arrays: [Shared<[u32]>; 4] = [Shared::from_raw_parts(0, 0); 4];
+    if me == 0 {
+        arrays = [
+            tmk.alloc_pages::<u32>(s.keys)?,
+            tmk.alloc_pages::<u32>(n * s.stride())?,
+            tmk.alloc_pages::<u32>(s.max)?,
+            tmk.alloc_pages::<u32>(n)?,
+        ];
+    }
+    tmk.distribute(&mut arrays)?;
+    let [keys, counts, ranks, totals] = arrays;
+    let (begin, end) = block(s.keys, me, n);
+    let (k0, k1) = block(s.max, me, n);
+    let my_keys = keys.slice(begin, end);
+    let my_row = counts.slice(me * s.stride(), me * s.stride() + s.max);
+    let my_ranks = ranks.slice(k0, k1);
+    fill_keys(&mut tmk.view_mut(&my_keys)?, begin, s);
+    tmk.barrier(0)?;
+    let t = Timer::start();
+    for it in 1..=s.iterations {
+        {
+            let mut mine = tmk.view_mut(&my_keys)?;
+            modify(&mut mine, begin, it, s);
+            count(&mine, &mut tmk.view_mut(&my_row)?);
+        }
+        tmk.barrier(0)?;
+        {
+            let views = (0..n)
+                .map(|p| tmk.view(&counts.slice(p * s.stride() + k0, p * s.stride() + k1)))
+                .collect::<treadmarks::Result<Vec<_>>>()?;
+            let rows: Vec<&[u32]> = views.iter().map(|v| &v[..]).collect();
+            let total = reduce_scan(&rows, &mut tmk.view_mut(&my_ranks)?);
+            tmk.view_mut(&totals.slice(me, me + 1))?[0] = total;
+        }
+        tmk.barrier(0)?;
+        let offset = tmk.view(&totals.slice(0, me))?.iter().sum();
+        add(&mut tmk.view_mut(&my_ranks)?, offset);
+    }
+    tmk.barrier(0)?;
+    let secs = t.secs();
+    let ok = me != 0 || *tmk.view(&ranks)? == expected(s)[..];
+    Ok((secs, ok))
+}
+
+fn main() -> ExitCode {
+    treadmarks_examples::run_app("is", |app| {
+        let log2keys: u32 = app.args.get("log2keys", 22);
+        let log2max: u32 = app.args.get("log2max", 19);
+        let iterations: usize = app.args.get("iterations", 10);
+        if log2keys > 30 || log2max > 31 || (1 << log2keys) <= 2 * iterations || (1 << log2max) <= iterations
+        {
+            treadmarks::report(
+                "is: need log2keys <= 30, log2max <= 31, 2^log2keys > 2 iterations, 2^log2max > iterations",
+            );
+            std::process::exit(2);
+        }
+        let s = Size {
+            keys: 1 << log2keys,
+            max: 1 << log2max,
+            log2max,
+            iterations,
+            seed: app.args.get("seed", 1),
+        };
+        let detail = format!("2^{log2keys} keys in 0..2^{log2max}, {iterations} iterations");
+        let (secs, ok) = match app.mode {
+            Mode::Seq => {
+                let mut keys = input(&s);
+                let t = Timer::start();
+                let ranks = sequential(&s, &mut keys);
+                let secs = t.secs();
+                (secs, ranks == expected(&s))
+            }
+            Mode::Threads => {
+                let (secs, ranks) = threads(&s, app.nprocs);
+                (secs, ranks == expected(&s))
+            }
+            Mode::Dsm => dsm(app, &s)?,
+        };
+        Ok(Outcome { secs, ok, detail })
+    })
+}

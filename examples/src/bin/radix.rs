@@ -1,0 +1,222 @@
+//! SPLASH-2 radix sort: least-significant digit first, `2^bits`-way digits. Each node owns a
+//! contiguous block of the keys. Per digit: every node counts its keys' digits into its own
+//! (page-padded) row of a shared histogram array; barrier; every node reads all rows and computes
+//! where its keys of each digit value go (the prefix sum over digit values, then over the nodes
+//! before it, done redundantly by each node on the small histogram array); every node moves its
+//! keys into the destination array, writing one run per digit value that starts wherever the
+//! lower nodes' run ends (writes land on everybody's pages, the DSM's hard case); barrier; the
+//! arrays swap roles.
+//!
+//! `radix -n 2 [--mode dsm|seq|threads] [--keys 4194304] [--bits 8] [--seed 1]`
+
+use std::process::ExitCode;
+use std::sync::Barrier;
+use treadmarks::Shared;
+use treadmarks_examples::{App, Mode, Outcome, SharedMut, Timer, block, keys, run_app};
+
+/// Histogram rows are padded to 4 KiB (1024 `u32`s), so no two nodes write the same page.
+const ROW_PAD: usize = 1024;
+
+#[derive(Clone, Copy)]
+struct Size {
+    keys: usize,
+    bits: u32,
+    seed: u64,
+}
+
+impl Size {
+    fn radix(&self) -> usize {
+        1 << self.bits
+    }
+    fn stride(&self) -> usize {
+        self.radix().max(ROW_PAD)
+    }
+    fn passes(&self) -> u32 {
+        32u32.div_ceil(self.bits)
+    }
+    fn mask(&self) -> u32 {
+        (self.radix() - 1) as u32
+    }
+}
+
+/// Counts the digit `(k >> shift) & mask` of `keys` into `hist` (cleared first).
+fn histogram(keys: &[u32], shift: u32, mask: u32, hist: &mut [u32]) {
+    hist.fill(0);
+    for &k in keys {
+        hist[((k >> shift) & mask) as usize] += 1;
+    }
+}
+
+/// Where worker `me`'s keys of each digit value start in the destination: all keys of smaller
+/// digit values, plus the keys of this digit value of the workers before `me`. `hists` holds
+/// `nprocs` rows of `stride` counts.
+fn offsets(hists: &[u32], nprocs: usize, stride: usize, radix: usize, me: usize) -> Vec<usize> {
+    let mut out = vec![0; radix];
+    let mut base = 0;
+    for (d, o) in out.iter_mut().enumerate() {
+        let column = (0..nprocs).map(|p| hists[p * stride + d] as usize);
+        let (before, total) =
+            column.enumerate().fold((0, 0), |(b, t), (p, c)| (b + if p < me { c } else { 0 }, t + c));
+        *o = base + before;
+        base += total;
+    }
+    out
+}
+
+/// Cuts from `dst` (the whole destination array) the runs `starts[d]..starts[d] + lens[d]`, in
+/// increasing order of start (as [`offsets`] gives them for one worker).
+fn runs<'a>(dst: &'a mut [u32], starts: &[usize], lens: &[u32]) -> Vec<&'a mut [u32]> {
+    let mut rest = dst;
+    let mut pos = 0;
+    let mut out = Vec::with_capacity(starts.len());
+    for (&s, &len) in starts.iter().zip(lens) {
+        let (_, tail) = std::mem::take(&mut rest).split_at_mut(s - pos);
+        let (run, tail) = tail.split_at_mut(len as usize);
+        out.push(run);
+        rest = tail;
+        pos = s + len as usize;
+    }
+    out
+}
+
+/// Moves `keys` into their digit's run, in order (the sort is stable).
+fn permute(keys: &[u32], shift: u32, mask: u32, runs: &mut [&mut [u32]]) {
+    let mut next = vec![0usize; runs.len()];
+    for &k in keys {
+        let d = ((k >> shift) & mask) as usize;
+        runs[d][next[d]] = k;
+        next[d] += 1;
+    }
+}
+
+fn sequential(s: &Size, mut a: Vec<u32>) -> Vec<u32> {
+    let mut b = vec![0; s.keys];
+    let mut hist = vec![0; s.radix()];
+    for pass in 0..s.passes() {
+        let shift = pass * s.bits;
+        histogram(&a, shift, s.mask(), &mut hist);
+        let starts = offsets(&hist, 1, s.radix(), s.radix(), 0);
+        permute(&a, shift, s.mask(), &mut runs(&mut b, &starts, &hist));
+        std::mem::swap(&mut a, &mut b);
+    }
+    a
+}
+
+fn expected(s: &Size) -> Vec<u32> {
+    let mut v = keys::uniform(s.keys, s.seed);
+    v.sort_unstable();
+    v
+}
+
+fn threads(s: &Size, n: usize) -> (f64, Vec<u32>) {
+    let mut a = keys::uniform(s.keys, s.seed);
+    let mut b = vec![0; s.keys];
+    let mut hist = vec![0; n * s.stride()];
+    let barrier = Barrier::new(n);
+    let t = Timer::start();
+    {
+        let (a, b, hist) = (SharedMut::new(&mut a), SharedMut::new(&mut b), SharedMut::new(&mut hist));
+        std::thread::scope(|scope| {
+            for me in 0..n {
+                let (a, b, hist, barrier) = (&a, &b, &hist, &barrier);
+                scope.spawn(move || {
+                    let (begin, end) = block(s.keys, me, n);
+                    let row = me * s.stride()..me * s.stride() + s.radix();
+                    let (mut src, mut dst) = (a, b);
+                    for pass in 0..s.passes() {
+                        let shift = pass * s.bits;
+                        // SAFETY: in this phase each thread writes only its own histogram row and
+                        // reads its own block of `src`, which nobody writes.
+                        unsafe {
+                            histogram(src.slice(begin..end), shift, s.mask(), hist.slice_mut(row.clone()))
+                        };
+                        barrier.wait();
+                        // SAFETY: in this phase nobody writes the histograms or `src`; each thread
+                        // writes its runs of `dst`, which `offsets` makes disjoint from every
+                        // other thread's runs.
+                        unsafe {
+                            let h = hist.slice(0..n * s.stride());
+                            let starts = offsets(h, n, s.stride(), s.radix(), me);
+                            let mut mine: Vec<&mut [u32]> = (0..s.radix())
+                                .map(|d| dst.slice_mut(starts[d]..starts[d] + h[row.start + d] as usize))
+                                .collect();
+                            permute(src.slice(begin..end), shift, s.mask(), &mut mine);
+                        }
+                        barrier.wait();
+                        std::mem::swap(&mut src, &mut dst);
+                    }
+                });
+            }
+        });
+    }
+    let secs = t.secs();
+    (secs, if s.passes().is_multiple_of(2) { a } else { b })
+}
+
+fn dsm(app: &mut App, s: &Size) -> treadmarks::Result<(f64, bool)> {
+    let tmk = app.tmk();
+    let (me, n) = (tmk.proc_id(), tmk.nprocs());
+    let mut arrays: [Shared<[u32]>; 3] = [Shared::from_raw_parts(0, 0); 3];
+    if me == 0 {
+        arrays = [
+            tmk.alloc_pages::<u32>(s.keys)?,
+            tmk.alloc_pages::<u32>(s.keys)?,
+            tmk.alloc_pages::<u32>(n * s.stride())?,
+        ];
+    }
+    tmk.distribute(&mut arrays)?;
+    let [a, b, hist] = arrays;
+    let (begin, end) = block(s.keys, me, n);
+    keys::fill_uniform(&mut tmk.view_mut(&a.slice(begin, end))?, begin, s.seed);
+    tmk.barrier(0)?;
+    let t = Timer::start();
+    let row = hist.slice(me * s.stride(), me * s.stride() + s.radix());
+    let (mut src, mut dst) = (a, b);
+    for pass in 0..s.passes() {
+        let shift = pass * s.bits;
+        histogram(&tmk.view(&src.slice(begin, end))?, shift, s.mask(), &mut tmk.view_mut(&row)?);
+        tmk.barrier(0)?;
+        {
+            let h = tmk.view(&hist)?;
+            let starts = offsets(&h, n, s.stride(), s.radix(), me);
+            let mut out = tmk.view_mut(&dst)?;
+            let mut mine = runs(&mut out, &starts, &h[me * s.stride()..][..s.radix()]);
+            permute(&tmk.view(&src.slice(begin, end))?, shift, s.mask(), &mut mine);
+        }
+        tmk.barrier(0)?;
+        std::mem::swap(&mut src, &mut dst);
+    }
+    let secs = t.secs();
+    let ok = me != 0 || *tmk.view(&src)? == expected(s)[..];
+    Ok((secs, ok))
+}
+
+fn main() -> ExitCode {
+    run_app("radix", |app| {
+        let s = Size {
+            keys: app.args.get("keys", 4 << 20),
+            bits: app.args.get("bits", 8),
+            seed: app.args.get("seed", 1),
+        };
+        if !(1..=16).contains(&s.bits) {
+            treadmarks::report("radix: --bits must be 1..=16");
+            std::process::exit(2);
+        }
+        let detail = format!("{} keys, radix 2^{}, {} passes", s.keys, s.bits, s.passes());
+        let (secs, ok) = match app.mode {
+            Mode::Seq => {
+                let input = keys::uniform(s.keys, s.seed);
+                let t = Timer::start();
+                let out = sequential(&s, input);
+                let secs = t.secs();
+                (secs, out == expected(&s))
+            }
+            Mode::Threads => {
+                let (secs, out) = threads(&s, app.nprocs);
+                (secs, out == expected(&s))
+            }
+            Mode::Dsm => dsm(app, &s)?,
+        };
+        Ok(Outcome { secs, ok, detail })
+    })
+}
