@@ -116,6 +116,22 @@ impl PageMemory for HeapPages {
         unsafe { std::slice::from_raw_parts(self.0.twin_page(i), self.0.page_size()) }
     }
 
+    fn same_as_twin(&self, p: PageIdx) -> bool {
+        let i = self.check(p);
+        let ps = self.0.page_size();
+        // SAFETY: one page each of the runtime view and the twin area, both live while `self.0`
+        // is. The caller (the protocol core, at an interval's end) guarantees the application
+        // thread is inside a synchronization call, so nothing writes the page or its twin while
+        // these slices live (the handler writes a twin only when the application faults).
+        let (page, twin) = unsafe {
+            (
+                std::slice::from_raw_parts(self.0.runtime_page(i), ps),
+                std::slice::from_raw_parts(self.0.twin_page(i), ps),
+            )
+        };
+        page == twin
+    }
+
     fn make_twin(&mut self, p: PageIdx) {
         let i = self.check(p);
         let heap = &*self.0;

@@ -45,6 +45,10 @@ pub trait PageMemory {
     fn twin(&self, p: PageIdx) -> &[u8];
     /// Copies page `p` into its twin slot. Requires `access(p) != ReadWrite`.
     fn make_twin(&mut self, p: PageIdx);
+    /// True if page `p` equals its twin (nothing written since the twin was made). May be called
+    /// on a `ReadWrite` page only while the application thread is inside a synchronization call,
+    /// so that nothing writes the page meanwhile.
+    fn same_as_twin(&self, p: PageIdx) -> bool;
 }
 
 /// A [`PageMemory`] over plain vectors, for tests and the simulation. It checks the page-sharing
@@ -119,5 +123,9 @@ impl PageMemory for VecMemory {
         assert_ne!(self.access[p.idx()], Access::ReadWrite, "twin of writable {p}");
         let copy = self.pages[p.idx()].clone();
         self.twins[p.idx()] = Some(copy);
+    }
+
+    fn same_as_twin(&self, p: PageIdx) -> bool {
+        self.twins[p.idx()].as_deref() == Some(&self.pages[p.idx()][..])
     }
 }

@@ -320,13 +320,33 @@ impl<M: PageMemory> Node<M> {
     /// twin, so the diff it gets holds every write made until then; once the twin is cut, the
     /// next write makes a fresh twin, and a fresh notice. So a page written every interval faults
     /// once and is noticed once per diff, not once per interval, and an interval that made no
-    /// twin carries no information and is not recorded.
+    /// twin carries no information and is not recorded. A renewed twin whose page did not change
+    /// is re-dated to the next interval instead of noticed.
     pub(crate) fn close_interval(&mut self) {
         let index = self.open_interval();
-        let fresh: Vec<PageIdx> =
-            self.twinned.iter().copied().filter(|p| self.pages[p.idx()].twin == Some(index)).collect();
+        let mut fresh = Vec::new();
+        let mut unchanged = Vec::new();
+        for &p in &self.twinned {
+            let meta = &self.pages[p.idx()];
+            if meta.twin != Some(index) {
+                continue;
+            }
+            if meta.renewed && self.mem.same_as_twin(p) {
+                unchanged.push(p);
+            } else {
+                fresh.push(p);
+            }
+        }
         if fresh.is_empty() {
-            return;
+            return; // the interval stays open, and so do the renewed twins' dates
+        }
+        for &p in &fresh {
+            self.pages[p.idx()].renewed = false;
+        }
+        // Renewed twins not written since: nothing to notice yet. Each equals its page, so it may
+        // as well have been made in the next interval.
+        for p in unchanged {
+            self.pages[p.idx()].twin = Some(index + 1);
         }
         self.vt.set(self.me, index);
         let rec = IntervalRecord {

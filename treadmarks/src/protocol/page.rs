@@ -59,6 +59,9 @@ pub struct OwnDiff {
 pub struct PageMeta {
     /// The interval our twin was made in, if the page has a twin.
     pub twin: Option<IntervalIdx>,
+    /// The twin was renewed when a diff was served (the page stayed writable), so the page may
+    /// not have been written since: compare before noticing it.
+    pub renewed: bool,
     /// Per writer, indexed by node; empty until a notice arrives.
     pub writers: Vec<WriterState>,
     pub diffs: Vec<OwnDiff>,
@@ -122,14 +125,30 @@ impl<M: PageMemory> Node<M> {
     /// only write access would not do: a write in that window would take the fault handler's fast
     /// path, which makes a fresh twin over the one this diff needs. With no access, the write
     /// faults into the slow path and waits for the service thread, which finishes the diff first.
+    ///
+    /// Serving a page whose twin was made in the latest closed interval (or the open one), which
+    /// the application is likely still writing, *renews* the twin instead of dropping it: the
+    /// page is copied into the twin and stays writable, so the next write does not fault. A
+    /// renewed twin is noticed at the interval's end only if the page changed (see
+    /// [`Node::close_interval`]).
     pub(crate) fn cut_twin(&mut self, p: PageIdx, then: Access) {
         let Some(first) = self.pages[p.idx()].twin.take() else { return };
+        let was_writable = self.mem.access(p) == Access::ReadWrite;
+        let hot = then == Access::Read && was_writable && first >= self.vt.get(self.me);
+        self.pages[p.idx()].renewed = false;
         self.twinned.remove(&p);
         if self.mem.access(p) != Access::None {
             self.mem.set_access(p, 1, Access::None);
         }
         let diff = Diff::make(self.mem.twin(p), self.mem.page(p));
-        if then != Access::None {
+        if hot {
+            self.mem.make_twin(p);
+            self.mem.set_access(p, 1, Access::ReadWrite);
+            self.pages[p.idx()].twin = Some(self.open_interval());
+            self.pages[p.idx()].renewed = true;
+            self.twinned.insert(p);
+            self.stats.twins_renewed += 1;
+        } else if then != Access::None {
             self.mem.set_access(p, 1, then);
         }
         if diff.is_empty() {
@@ -231,14 +250,26 @@ impl<M: PageMemory> Node<M> {
         Ok(())
     }
 
-    /// A whole copy of page `p` (for a node that dropped it). Access is revoked while the bytes
-    /// are read, then restored: the twin, if any, is untouched.
+    /// A whole copy of page `p` (for a node that dropped it at a collection).
+    ///
+    /// If the page has a twin, the twin is sent, not the page: the twin is what our later diff
+    /// of the page is made against, so the copy plus that diff gives exactly the page. Sending
+    /// the page itself would hand out writes in progress that the diff, which holds only the
+    /// bytes that differ from the twin, could later fail to overwrite (a word written twice,
+    /// ending with bytes equal to the twin's, say). The twin is new enough: every twin was made
+    /// after our last collection, when our copy was valid. While a collection is still in
+    /// progress here (the requester finished it first), any twin is the epoch's and about to be
+    /// dropped; the application is blocked in the barrier and every node has validated, so the
+    /// page itself is the epoch's final state and is sent. Access is revoked while the bytes are
+    /// read, then restored.
     pub(crate) fn serve_page(&mut self, p: PageIdx) -> PageCopy {
         let access = self.mem.access(p);
         if access != Access::None {
             self.mem.set_access(p, 1, Access::None);
         }
-        let bytes = serde_bytes::ByteBuf::from(self.mem.page(p).to_vec());
+        let twin_is_base = self.pages[p.idx()].twin.is_some() && self.gc.is_none();
+        let src = if twin_is_base { self.mem.twin(p) } else { self.mem.page(p) };
+        let bytes = serde_bytes::ByteBuf::from(src.to_vec());
         if access != Access::None {
             self.mem.set_access(p, 1, access);
         }

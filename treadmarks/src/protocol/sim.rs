@@ -351,8 +351,8 @@ fn random_data_race_free_programs_read_sequentially_consistent_values() {
         return;
     }
     let mut totals = ProtocolStats::default();
-    // `TMK_SIM_SEEDS=<n>` runs more seeds (the suite runs 1,500).
-    let seeds: u64 = std::env::var("TMK_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(1500);
+    // `TMK_SIM_SEEDS=<n>` runs more seeds (the suite runs 5,000).
+    let seeds: u64 = std::env::var("TMK_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(5000);
     for seed in 0..seeds {
         for s in run_seed(seed) {
             totals.diffs_applied += s.diffs_applied;

@@ -9,6 +9,8 @@ pub struct ProtocolStats {
     pub write_faults: u64,
     /// Twins made by the protocol core.
     pub twins: u64,
+    /// Twins renewed when a diff was served (the page stayed writable; no fault on its next write).
+    pub twins_renewed: u64,
     /// Twins made by the fault handler's fast path (reported through `handle_twin_made`).
     pub fast_twins: u64,
     /// Diffs created (lazily) and their encoded bytes.
