@@ -4,7 +4,9 @@
 
 use crate::config::{Config, Role};
 use crate::error::{Error, Result};
-use crate::mem::{BorrowTracker, Doorbell, FaultHandler, Heap, HeapLayout, HeapPages, Shared, View, ViewMut};
+use crate::mem::{
+    BorrowTracker, Doorbell, FaultBackend, FaultHandler, Heap, HeapLayout, HeapPages, Shared, View, ViewMut,
+};
 use crate::protocol::{AppDone, BarrierId, LockId, Node, NodeConfig, NodeId};
 use crate::runtime::launch::{self, Children};
 use crate::runtime::{Command, Engine, Mailbox, Reply, service};
@@ -69,7 +71,10 @@ impl Tmk {
             Role::Member { rank } => NodeId(rank),
         };
         launch::follow_launcher();
-        let heap = Heap::map(HeapLayout { base: config.heap_base, size: config.heap_size, protect: n > 1 })?;
+        // A 1-node job never protects its heap, so it needs no fault backend.
+        let backend = if n > 1 { crate::mem::select_backend(config.faults)? } else { FaultBackend::Mprotect };
+        let layout = HeapLayout { base: config.heap_base, size: config.heap_size, protect: n > 1 };
+        let heap = Heap::map_with(layout, backend)?;
         let node_cfg = NodeConfig {
             me,
             nprocs: n,

@@ -83,6 +83,7 @@
 //!   turn a panic of the service thread into a process exit, or the application thread stays
 //!   blocked.
 
+mod backend;
 mod doorbell;
 mod error;
 mod fault;
@@ -94,15 +95,18 @@ mod service_fd;
 mod signals;
 mod sigsafe;
 mod state;
+mod uffd;
 mod view;
 
 #[cfg(test)]
 mod tests;
 
+pub use backend::{FaultBackend, FaultsMode, MAP_COUNT_MARGIN, select_backend, uffd_support};
 pub use doorbell::{Doorbell, FaultKind};
 pub use error::MemError;
 pub use fault::FaultHandler;
 pub use heap::{FaultCounters, Heap, HeapLayout};
 pub use pages::HeapPages;
+pub use uffd::Unavailable as UffdUnavailable;
 pub use service_fd::{ServiceFd, register_service_fd};
 pub use view::{BorrowTracker, Shared, View, ViewError, ViewMut};

@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{layout, no_core_dumps, run_in_child, test_name};
-use crate::mem::{Doorbell, FaultHandler, FaultKind, Heap, HeapPages, MemError, probe};
+use super::{layout, map, no_core_dumps, run_in_child, test_name, uffd_or_skip};
+use crate::mem::{Doorbell, FaultBackend, FaultHandler, FaultKind, Heap, HeapPages, MemError, probe};
 use crate::protocol::ids::PageIdx;
 use crate::protocol::memory::{Access, PageMemory};
 
@@ -52,10 +52,9 @@ fn serve(
     })
 }
 
-#[test]
-fn fast_path_twins_a_write_to_a_read_only_page() {
-    run_in_child(test_name!(fast_path_twins_a_write_to_a_read_only_page), || {
-        let heap = Heap::map(layout(10, 16)).unwrap();
+fn fast_path_twins_a_write_to_a_read_only_page(backend: FaultBackend, test: &str) {
+    run_in_child(test, || {
+        let heap = map(layout(10, 16), backend).unwrap();
         let ps = heap.page_size();
         let bell = Doorbell::new().unwrap();
         let mut pages = HeapPages(heap.clone());
@@ -84,10 +83,9 @@ fn fast_path_twins_a_write_to_a_read_only_page() {
     .assert_success();
 }
 
-#[test]
-fn slow_path_hands_the_fault_to_the_service_thread() {
-    run_in_child(test_name!(slow_path_hands_the_fault_to_the_service_thread), || {
-        let heap = Heap::map(layout(11, 16)).unwrap();
+fn slow_path_hands_the_fault_to_the_service_thread(backend: FaultBackend, test: &str) {
+    run_in_child(test, || {
+        let heap = map(layout(11, 16), backend).unwrap();
         let ps = heap.page_size();
         let bell = Doorbell::new().unwrap();
         let mut pages = HeapPages(heap.clone());
@@ -116,11 +114,10 @@ fn slow_path_hands_the_fault_to_the_service_thread() {
     .assert_success();
 }
 
-#[test]
-fn fault_from_another_thread_aborts_with_a_message() {
-    let out = run_in_child(test_name!(fault_from_another_thread_aborts_with_a_message), || {
+fn fault_from_another_thread_aborts_with_a_message(backend: FaultBackend, test: &str) {
+    let out = run_in_child(test, || {
         no_core_dumps();
-        let heap = Heap::map(layout(12, 4)).unwrap();
+        let heap = map(layout(12, 4), backend).unwrap();
         let bell = Doorbell::new().unwrap();
         let _handler = FaultHandler::install(heap.clone(), bell).unwrap();
         let h = heap.clone();
@@ -135,11 +132,10 @@ fn fault_from_another_thread_aborts_with_a_message() {
     assert!(out.stderr.contains(&want), "stderr lacks {want:?}:\n{}", out.stderr);
 }
 
-#[test]
-fn fault_outside_the_heap_chains_to_the_default_action() {
-    let out = run_in_child(test_name!(fault_outside_the_heap_chains_to_the_default_action), || {
+fn fault_outside_the_heap_chains_to_the_default_action(backend: FaultBackend, test: &str) {
+    let out = run_in_child(test, || {
         no_core_dumps();
-        let heap = Heap::map(layout(13, 4)).unwrap();
+        let heap = map(layout(13, 4), backend).unwrap();
         let _handler = FaultHandler::install(heap, Doorbell::new().unwrap()).unwrap();
         // SAFETY: a fresh private PROT_NONE page, ours to fault on.
         let p = unsafe {
@@ -160,13 +156,12 @@ fn fault_outside_the_heap_chains_to_the_default_action() {
     out.assert_killed_by(libc::SIGSEGV);
 }
 
-#[test]
-fn revoke_while_the_application_writes_loses_nothing() {
-    let out = run_in_child(test_name!(revoke_while_the_application_writes_loses_nothing), || {
+fn revoke_while_the_application_writes_loses_nothing(backend: FaultBackend, test: &str) {
+    let out = run_in_child(test, || {
         const WORDS: usize = 512; // u64 words in a 4 KiB page
         const ROUNDS: usize = 400;
         const RACES: u64 = 200;
-        let heap = Heap::map(layout(14, 4)).unwrap();
+        let heap = map(layout(14, 4), backend).unwrap();
         let bell = Doorbell::new().unwrap();
         let _handler = FaultHandler::install(heap.clone(), bell.clone()).unwrap();
         let done = Arc::new(AtomicBool::new(false));
@@ -220,10 +215,9 @@ fn revoke_while_the_application_writes_loses_nothing() {
     println!("{}", line.unwrap_or(&out.stdout));
 }
 
-#[test]
-fn only_one_handler_and_no_probe_while_installed() {
-    run_in_child(test_name!(only_one_handler_and_no_probe_while_installed), || {
-        let heap = Heap::map(layout(15, 4)).unwrap();
+fn only_one_handler_and_no_probe_while_installed(backend: FaultBackend, test: &str) {
+    run_in_child(test, || {
+        let heap = map(layout(15, 4), backend).unwrap();
         let bell = Doorbell::new().unwrap();
         let first = FaultHandler::install(heap.clone(), bell.clone()).unwrap();
         let second = FaultHandler::install(heap.clone(), bell.clone()).expect_err("second install");
@@ -242,12 +236,11 @@ fn only_one_handler_and_no_probe_while_installed() {
 
 /// Not a pass/fail timing: prints the fast-path cost next to the bare fault (run with
 /// `--nocapture`, in release, to read the numbers).
-#[test]
-fn fast_path_cost_next_to_bare_fault() {
-    let out = run_in_child(test_name!(fast_path_cost_next_to_bare_fault), || {
+fn fast_path_cost_next_to_bare_fault(backend: FaultBackend, test: &str) {
+    let out = run_in_child(test, || {
         const N: usize = 4096;
         let bare = probe::bare_fault_ns(N).unwrap();
-        let heap = Heap::map(layout(16, N)).unwrap();
+        let heap = map(layout(16, N), backend).unwrap();
         let ps = heap.page_size();
         // Commit the pages (read) so the timing sees protection faults, not first touches.
         for p in 0..N {
@@ -262,10 +255,44 @@ fn fast_path_cost_next_to_bare_fault() {
         assert_eq!(heap.counters().fast_write_faults, N as u64);
         assert!(bare > 0.0 && fast > 0.0);
         println!(
-            "fault cost over {N} pages: fast path (twin + mprotect) {fast:.0} ns, bare mprotect fault {bare:.0} ns"
+            "fault cost over {N} pages: fast path (twin + unprotect, {}) {fast:.0} ns, bare mprotect fault {bare:.0} ns",
+            backend.name()
         );
     });
     out.assert_success();
     let line = out.stdout.lines().find_map(|l| l.find("fault cost").map(|i| &l[i..]));
     println!("{}", line.unwrap_or(&out.stdout));
 }
+
+/// One `mprotect` and one `uffd` test per scenario; the uffd one is skipped, saying why, where the
+/// kernel does not offer it.
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            use super::test_name;
+            use crate::mem::FaultBackend;
+
+            #[test]
+            fn mprotect() {
+                super::$name(FaultBackend::Mprotect, test_name!(mprotect));
+            }
+
+            #[test]
+            fn uffd() {
+                if super::uffd_or_skip() {
+                    super::$name(FaultBackend::Uffd, test_name!(uffd));
+                }
+            }
+        }
+    )*};
+}
+
+on_both_backends!(
+    fast_path_twins_a_write_to_a_read_only_page,
+    slow_path_hands_the_fault_to_the_service_thread,
+    fault_from_another_thread_aborts_with_a_message,
+    fault_outside_the_heap_chains_to_the_default_action,
+    revoke_while_the_application_writes_loses_nothing,
+    only_one_handler_and_no_probe_while_installed,
+    fast_path_cost_next_to_bare_fault,
+);
