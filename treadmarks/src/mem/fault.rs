@@ -259,7 +259,14 @@ fn fast_write(heap: &Heap, page: u32, addr: usize) {
 ///
 /// Every PTE change of a page happens while its owner holds the page's `BUSY` state, so the
 /// handler and `HeapPages::set_access` never race on the kernel side either.
-fn handle_uffd(ctx: &Context, uffd: &Uffd, page: u32, addr: usize, kind: FaultKind, present: Option<bool>) -> Outcome {
+fn handle_uffd(
+    ctx: &Context,
+    uffd: &Uffd,
+    page: u32,
+    addr: usize,
+    kind: FaultKind,
+    present: Option<bool>,
+) -> Outcome {
     let heap = &*ctx.heap;
     let st = heap.state(page);
     let counters = &heap.counters;
@@ -310,7 +317,15 @@ fn handle_uffd(ctx: &Context, uffd: &Uffd, page: u32, addr: usize, kind: FaultKi
 }
 
 /// Resolves a uffd fault on a valid page whose `BUSY` state the caller took from `s`.
-fn resolve_valid_uffd(heap: &Heap, uffd: &Uffd, page: u32, addr: usize, s: u8, kind: FaultKind, present: Option<bool>) {
+fn resolve_valid_uffd(
+    heap: &Heap,
+    uffd: &Uffd,
+    page: u32,
+    addr: usize,
+    s: u8,
+    kind: FaultKind,
+    present: Option<bool>,
+) {
     let ps = heap.page_size();
     let start = heap.app_page(page) as usize;
     let fail = |op: &[u8], errno: i32, back: u8| -> ! {
@@ -365,7 +380,11 @@ fn resolve_valid_uffd(heap: &Heap, uffd: &Uffd, page: u32, addr: usize, s: u8, k
     // the page or its twin; the page is write-protected or unmapped in the application view and
     // only this thread (in its handler) may touch that view, so nobody writes it.
     unsafe { heap.copy_to_twin(page) };
-    let made = if mapped { uffd.writeprotect(start, ps, false) } else { uffd.continue_range(start, ps, false, ps).map(drop) };
+    let made = if mapped {
+        uffd.writeprotect(start, ps, false)
+    } else {
+        uffd.continue_range(start, ps, false, ps).map(drop)
+    };
     if let Err(e) = made {
         fail(b"UFFDIO_WRITEPROTECT/CONTINUE", e, s);
     }

@@ -7,7 +7,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 
 use super::backend::{self, FaultBackend};
 use super::error::MemError;
@@ -81,6 +81,10 @@ pub struct Heap {
     /// The userfaultfd descriptor of the application view, if the heap uses that backend and is
     /// protected. Closing it (on drop) unregisters the view.
     uffd: Option<Uffd>,
+    /// Userfaultfd backend: pages known to exist in the memfd (allocated by `fallocate` before
+    /// their first invalidation; pages are never freed, so this only grows). Written only by
+    /// `change_run`, which runs on the service thread.
+    allocated: Box<[AtomicBool]>,
     pub(super) states: Box<[AtomicU8]>,
     pub(super) ring: TwinRing,
     pub(super) counters: AtomicCounters,
@@ -209,7 +213,8 @@ impl Heap {
         }
 
         // The userfaultfd backend keeps the view read-write and protects it per PTE.
-        let app_prot = if protect && !use_uffd { libc::PROT_READ } else { libc::PROT_READ | libc::PROT_WRITE };
+        let app_prot =
+            if protect && !use_uffd { libc::PROT_READ } else { libc::PROT_READ | libc::PROT_WRITE };
         // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping; it fails with EEXIST.
         let app = unsafe {
             mmap(base, size, app_prot, libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE, memfd.as_raw_fd())
@@ -265,6 +270,7 @@ impl Heap {
             page_size,
             npages,
             memfd,
+            allocated: (0..if uffd.is_some() { npages } else { 0 }).map(|_| AtomicBool::new(false)).collect(),
             uffd,
             states: (0..npages).map(|_| AtomicU8::new(initial)).collect(),
             ring: TwinRing::new(npages),
@@ -397,9 +403,17 @@ impl Heap {
     ///   - `INVALID` to valid: `UFFDIO_CONTINUE`, in write-protect mode for `READ_ONLY` (no
     ///     writable window before a twin exists).
     ///   - `READ_ONLY` and `READ_WRITE` between themselves: `UFFDIO_WRITEPROTECT` set or clear.
-    pub(super) fn change_run(&self, first: u32, count: u32, old: u8, new: u8) -> Result<(), (&'static str, i32)> {
+    pub(super) fn change_run(
+        &self,
+        first: u32,
+        count: u32,
+        old: u8,
+        new: u8,
+    ) -> Result<(), (&'static str, i32)> {
         let Some(uffd) = &self.uffd else {
-            return self.protect_run(first, count, new).map_err(|e| ("mprotect", e.raw_os_error().unwrap_or(0)));
+            return self
+                .protect_run(first, count, new)
+                .map_err(|e| ("mprotect", e.raw_os_error().unwrap_or(0)));
         };
         assert!(
             u64::from(first) + u64::from(count) <= u64::from(self.npages),
@@ -412,11 +426,15 @@ impl Heap {
         match (old, new) {
             _ if old == new => Ok(()),
             (_, state::INVALID) => {
-                let off = first as libc::off_t * self.page_size as libc::off_t;
-                // SAFETY: plain system call on the memfd we own; the range is inside its size.
-                // Allocating pages changes no data (holes read as zeros either way).
-                if unsafe { libc::fallocate(self.memfd.as_raw_fd(), 0, off, len as libc::off_t) } != 0 {
-                    return Err(("fallocate", super::sigsafe::errno()));
+                let pages = first as usize..(first + count) as usize;
+                if !self.allocated[pages.clone()].iter().all(|a| a.load(Ordering::Relaxed)) {
+                    let off = first as libc::off_t * self.page_size as libc::off_t;
+                    // SAFETY: plain system call on the memfd we own; the range is inside its
+                    // size. Allocating pages changes no data (holes read as zeros either way).
+                    if unsafe { libc::fallocate(self.memfd.as_raw_fd(), 0, off, len as libc::off_t) } != 0 {
+                        return Err(("fallocate", super::sigsafe::errno()));
+                    }
+                    self.allocated[pages].iter().for_each(|a| a.store(true, Ordering::Relaxed));
                 }
                 // SAFETY: the range is inside the application view this heap owns (checked
                 // above). MADV_DONTNEED on a shared mapping only drops the PTEs: the memfd keeps
@@ -430,7 +448,9 @@ impl Heap {
                 .continue_range(start, len, new == state::READ_ONLY, self.page_size)
                 .map(drop)
                 .map_err(|e| ("UFFDIO_CONTINUE", e)),
-            (_, _) => uffd.writeprotect(start, len, new == state::READ_ONLY).map_err(|e| ("UFFDIO_WRITEPROTECT", e)),
+            (_, _) => {
+                uffd.writeprotect(start, len, new == state::READ_ONLY).map_err(|e| ("UFFDIO_WRITEPROTECT", e))
+            }
         }
     }
 }

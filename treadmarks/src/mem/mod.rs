@@ -107,6 +107,6 @@ pub use error::MemError;
 pub use fault::FaultHandler;
 pub use heap::{FaultCounters, Heap, HeapLayout};
 pub use pages::HeapPages;
-pub use uffd::Unavailable as UffdUnavailable;
 pub use service_fd::{ServiceFd, register_service_fd};
+pub use uffd::Unavailable as UffdUnavailable;
 pub use view::{BorrowTracker, Shared, View, ViewError, ViewMut};

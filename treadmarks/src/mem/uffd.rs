@@ -156,9 +156,7 @@ fn new_fd() -> Result<OwnedFd, Unavailable> {
     if fd < 0 {
         let err = io::Error::last_os_error();
         let fix = match err.raw_os_error() {
-            Some(libc::ENOSYS) => {
-                "the kernel was built without CONFIG_USERFAULTFD; use TMK_FAULTS=mprotect"
-            }
+            Some(libc::ENOSYS) => "the kernel was built without CONFIG_USERFAULTFD; use TMK_FAULTS=mprotect",
             Some(libc::EPERM) => {
                 "userfaultfd is not permitted here (vm.unprivileged_userfaultfd=0 without \
                  CAP_SYS_PTRACE, or a seccomp filter, as in default container profiles): run with \
@@ -242,7 +240,10 @@ impl Uffd {
         let want = IOCTL_BIT_CONTINUE | IOCTL_BIT_WRITEPROTECT;
         if reg.ioctls & want != want {
             return Err(Unavailable {
-                why: format!("UFFDIO_REGISTER offers ioctls {:#x}, without CONTINUE or WRITEPROTECT", reg.ioctls),
+                why: format!(
+                    "UFFDIO_REGISTER offers ioctls {:#x}, without CONTINUE or WRITEPROTECT",
+                    reg.ioctls
+                ),
                 fix: "run on Linux 6.2 or later, or use TMK_FAULTS=mprotect",
             });
         }
@@ -284,7 +285,13 @@ impl Uffd {
     /// A page found already mapped (EEXIST) gets the requested protection with
     /// `UFFDIO_WRITEPROTECT` and the call goes on with the next page. Returns the errno of any
     /// other failure.
-    pub(super) fn continue_range(&self, start: usize, len: usize, wp: bool, page_size: usize) -> Result<Continued, i32> {
+    pub(super) fn continue_range(
+        &self,
+        start: usize,
+        len: usize,
+        wp: bool,
+        page_size: usize,
+    ) -> Result<Continued, i32> {
         let end = start + len;
         let mut at = start;
         let mut outcome = Continued::All;
@@ -375,7 +382,8 @@ pub(super) fn check_mechanism(page_size: usize) -> Result<(), Unavailable> {
         }
         uffd.continue_range(start, page_size, true, page_size)
             .map_err(|e| fail("UFFDIO_CONTINUE (MODE_WP)", errno(e)))?;
-        uffd.writeprotect(start, page_size, false).map_err(|e| fail("UFFDIO_WRITEPROTECT (clear)", errno(e)))?;
+        uffd.writeprotect(start, page_size, false)
+            .map_err(|e| fail("UFFDIO_WRITEPROTECT (clear)", errno(e)))?;
         Ok(())
     })();
     // SAFETY: the scratch mapping made above; nothing refers to it any more.
