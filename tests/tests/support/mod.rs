@@ -29,11 +29,11 @@ pub fn backends() -> Vec<&'static str> {
         if only.as_deref().is_some_and(|o| o != b) {
             continue;
         }
-        if b == "uffd" {
-            if let Err(u) = treadmarks::mem::uffd_support() {
-                println!("skipping the uffd backend: {} ({})", u.why, u.fix);
-                continue;
-            }
+        if b == "uffd"
+            && let Err(u) = treadmarks::mem::uffd_support()
+        {
+            println!("skipping the uffd backend: {} ({})", u.why, u.fix);
+            continue;
         }
         out.push(b);
     }

@@ -2,9 +2,12 @@
 //! read-only pages in place (fast path) and hands every other heap fault to the service thread
 //! (slow path). See the [module docs](super) for the protocol.
 //!
+//! On the userfaultfd backend the kernel raises SIGBUS for a uffd fault and the same handler
+//! serves it (`handle_uffd`); a SIGBUS on an mprotect heap is a failure of the memfd and aborts.
+//!
 //! The handler is async-signal-safe: it touches only atomics, raw pointers into mappings made up
-//! front, and raw system calls (`mprotect`, `read`, `write`, `sched_yield`, `sigaction`,
-//! `abort`); it allocates nothing, takes no lock, logs nothing, and saves and restores `errno`.
+//! front, and raw system calls (`mprotect`, userfaultfd `ioctl`s, `read`, `write`,
+//! `sched_yield`, `sigaction`, `abort`); it allocates nothing, takes no lock, logs nothing, and saves and restores `errno`.
 //! It uses a few hundred bytes of stack (a copy of one `sigaction` to chain, a hex buffer).
 
 use std::marker::PhantomData;
