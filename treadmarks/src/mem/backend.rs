@@ -90,7 +90,8 @@ pub fn select_backend(mode: FaultsMode) -> Result<FaultBackend, MemError> {
 }
 
 /// Mappings kept free for what the process maps after the heap (thread stacks and their guard
-/// pages, allocator arenas, the runtime's buffers): the bound of [`check_map_count`] is
+/// pages, allocator arenas, the runtime's buffers). The `mprotect` backend
+/// ([`Heap::map_with`](super::Heap::map_with)) accepts a protected heap only if
 /// `pages + mappings already in use + MAP_COUNT_MARGIN <= vm.max_map_count`.
 pub const MAP_COUNT_MARGIN: u64 = 1024;
 
