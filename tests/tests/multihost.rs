@@ -100,7 +100,7 @@ impl Lan {
 
     /// Runs `scenario` with node `r` on host `r`, every node printing its statistics. Returns
     /// what each node printed, by rank, once all have finished.
-    fn run(&self, scenario: &str, slot: u64) -> Vec<Outcome> {
+    fn run(&self, backend: &str, scenario: &str, slot: u64) -> Vec<Outcome> {
         let n = self.hosts.len().to_string();
         let root = format!("{}:{ROOT_PORT}", self.addrs[0]);
         let jobs: Vec<Job> = self
@@ -110,6 +110,7 @@ impl Lan {
             .map(|(rank, host)| {
                 let mut cmd = Command::new("ip");
                 cmd.args(["netns", "exec", host, env!("CARGO_BIN_EXE_tmk-testnode"), scenario])
+                    .env("TMK_FAULTS", backend)
                     .env("TMK_NPROCS", &n)
                     .env("TMK_RANK", rank.to_string())
                     .env("TMK_ROOT", &root)
@@ -187,7 +188,14 @@ fn traffic(out: &Outcome, rank: usize, peer: usize) -> (u64, u64) {
 /// Runs `scenario` across the LAN and checks that it passed and that each pair in `pairs` of
 /// nodes, each in its own namespace, exchanged messages both ways.
 fn run_across(lan: &Lan, scenario: &str, slot: u64, pairs: &[(usize, usize)]) {
-    let outs = lan.run(scenario, slot);
+    for backend in support::backends() {
+        run_across_on(lan, backend, scenario, slot, pairs);
+    }
+}
+
+/// [`run_across`] on one fault backend.
+fn run_across_on(lan: &Lan, backend: &str, scenario: &str, slot: u64, pairs: &[(usize, usize)]) {
+    let outs = lan.run(backend, scenario, slot);
     outs[0].assert_pass(scenario);
     for (rank, out) in outs.iter().enumerate() {
         assert_eq!(out.code, Some(0), "node {rank} on {} failed: {out:#?}", lan.hosts[rank]);
@@ -209,7 +217,7 @@ fn run_across(lan: &Lan, scenario: &str, slot: u64, pairs: &[(usize, usize)]) {
     }
     let slowest = outs.iter().map(|o| o.elapsed).max().unwrap_or_default();
     eprintln!(
-        "{scenario} across {:?}: slowest node took {slowest:?}; messages {}",
+        "{scenario} on {backend} across {:?}: slowest node took {slowest:?}; messages {}",
         lan.addrs,
         talked.join(", ")
     );

@@ -11,11 +11,14 @@
 //! | collect consistency data past | `TMK_GC_THRESHOLD` (`1MiB`, bytes) | | 64 MiB or a quarter of the heap, if less |
 //! | print statistics at exit | `TMK_STATS=1` (a table), `TMK_STATS=json` (one line) | | off |
 //! | bound on meeting the other nodes | `TMK_CONNECT_TIMEOUT` (seconds) | | 30 |
+//! | fault backend | `TMK_FAULTS` (`auto`, `uffd`, `mprotect`) | | `auto`: userfaultfd if the kernel offers it |
 //!
 //! Flags win over variables. Flags this module does not know are left for the application.
 
 use std::net::SocketAddr;
 use std::time::Duration;
+
+pub use crate::mem::FaultsMode;
 
 /// A bad setting, naming it and its value.
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +56,8 @@ pub struct Config {
     /// Print them as one JSON line (`TMK_STATS=json`) instead of a table.
     pub stats_json: bool,
     pub connect_timeout: Duration,
+    /// How page faults are caught (`TMK_FAULTS`): see [`crate::mem::FaultBackend`].
+    pub faults: FaultsMode,
 }
 
 impl Default for Config {
@@ -69,6 +74,7 @@ impl Default for Config {
             print_stats: false,
             stats_json: false,
             connect_timeout: Duration::from_secs(30),
+            faults: FaultsMode::Auto,
         }
     }
 }
@@ -138,6 +144,9 @@ impl Config {
         }
         if let Some(v) = env("TMK_CONNECT_TIMEOUT") {
             c.connect_timeout = Duration::from_secs(num("TMK_CONNECT_TIMEOUT", &v)?);
+        }
+        if let Some(v) = env("TMK_FAULTS") {
+            c.faults = v.parse().map_err(|why: String| invalid("TMK_FAULTS", &v, why))?;
         }
         let mut rest = Vec::new();
         let mut it = args.into_iter();
@@ -219,6 +228,15 @@ mod tests {
         assert_eq!(parse_size("x", "4096").unwrap(), 4096);
         let e = parse_size("TMK_HEAP_SIZE", "3 parsecs").unwrap_err().to_string();
         assert!(e.contains("TMK_HEAP_SIZE") && e.contains("parsecs"), "{e}");
+    }
+
+    #[test]
+    fn fault_modes_parse() {
+        assert_eq!("uffd".parse::<FaultsMode>(), Ok(FaultsMode::Uffd));
+        assert_eq!(" MPROTECT".parse::<FaultsMode>(), Ok(FaultsMode::Mprotect));
+        assert_eq!("auto".parse::<FaultsMode>(), Ok(FaultsMode::Auto));
+        assert!("segv".parse::<FaultsMode>().is_err());
+        assert_eq!(Config::default().faults, FaultsMode::Auto);
     }
 
     #[test]

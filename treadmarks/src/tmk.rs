@@ -4,7 +4,9 @@
 
 use crate::config::{Config, Role};
 use crate::error::{Error, Result};
-use crate::mem::{BorrowTracker, Doorbell, FaultHandler, Heap, HeapLayout, HeapPages, Shared, View, ViewMut};
+use crate::mem::{
+    BorrowTracker, Doorbell, FaultBackend, FaultHandler, Heap, HeapLayout, HeapPages, Shared, View, ViewMut,
+};
 use crate::protocol::{AppDone, BarrierId, LockId, Node, NodeConfig, NodeId, ProtocolError};
 use crate::runtime::launch::{self, Children};
 use crate::runtime::{Command, Engine, Mailbox, Reply, service};
@@ -31,8 +33,10 @@ use std::time::{Duration, Instant};
 /// - TreadMarks-style code can take raw pointers ([`Tmk::ptr`]); dereferencing them is the
 ///   caller's `unsafe`, under the same rule: no reference derived from one may be held across a
 ///   synchronization call.
-/// - System calls that write into the shared heap (`read(2)` into a shared buffer, say) fail with
-///   `EFAULT` when the page is protected, instead of faulting: read into private memory and copy.
+/// - System calls that touch the shared heap fail with `EFAULT` instead of faulting: writing
+///   into a protected page (`read(2)` into a shared buffer, say) on either fault backend, and
+///   on the userfaultfd backend also reading from a page not mapped in the application view
+///   (`write(2)` from a shared buffer). Go through private memory and copy.
 #[derive(Debug)]
 pub struct Tmk {
     me: NodeId,
@@ -72,7 +76,10 @@ impl Tmk {
             Role::Member { rank } => NodeId(rank),
         };
         launch::follow_launcher();
-        let heap = Heap::map(HeapLayout { base: config.heap_base, size: config.heap_size, protect: n > 1 })?;
+        // A 1-node job never protects its heap, so it needs no fault backend.
+        let backend = if n > 1 { crate::mem::select_backend(config.faults)? } else { FaultBackend::Mprotect };
+        let layout = HeapLayout { base: config.heap_base, size: config.heap_size, protect: n > 1 };
+        let heap = Heap::map_with(layout, backend)?;
         let node_cfg = NodeConfig {
             me,
             nprocs: n,

@@ -89,6 +89,38 @@ pub enum MemError {
         /// The OS error.
         source: io::Error,
     },
+    /// The userfaultfd fault backend was asked for (`TMK_FAULTS=uffd`) but cannot be had.
+    #[error("cannot use the userfaultfd fault backend (TMK_FAULTS=uffd): {why}; to fix: {fix}")]
+    UffdUnavailable {
+        /// What failed.
+        why: String,
+        /// How to fix it.
+        fix: &'static str,
+    },
+    /// The heap is too large for the `mprotect` backend under this `vm.max_map_count`.
+    #[error(
+        "a {} shared heap has {npages} pages; on the mprotect fault backend each differently \
+         protected page can be a kernel mapping of its own, so it may need up to {need} mappings \
+         ({npages} + {in_use} in use + margin), more than vm.max_map_count = {max_map_count} allows \
+         (it would fail with ENOMEM in the middle of a run). Use the userfaultfd backend \
+         (TMK_FAULTS=uffd, Linux 6.2+), a heap of at most {max_heap} (TMK_HEAP_SIZE), or raise the \
+         limit (sysctl vm.max_map_count={need})",
+        Bytes(*size)
+    )]
+    MapCountTooLow {
+        /// Heap bytes.
+        size: usize,
+        /// Heap pages.
+        npages: u32,
+        /// `/proc/sys/vm/max_map_count`.
+        max_map_count: u64,
+        /// Mappings the process had when it checked.
+        in_use: u64,
+        /// The largest heap that would fit, e.g. "251 MiB".
+        max_heap: String,
+        /// Mappings the heap could need, with the rest of the process.
+        need: u64,
+    },
     /// An argument out of range.
     #[error("{op}: {reason}")]
     InvalidArgument {

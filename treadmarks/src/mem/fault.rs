@@ -2,9 +2,12 @@
 //! read-only pages in place (fast path) and hands every other heap fault to the service thread
 //! (slow path). See the [module docs](super) for the protocol.
 //!
+//! On the userfaultfd backend the kernel raises SIGBUS for a uffd fault and the same handler
+//! serves it (`handle_uffd`); a SIGBUS on an mprotect heap is a failure of the memfd and aborts.
+//!
 //! The handler is async-signal-safe: it touches only atomics, raw pointers into mappings made up
-//! front, and raw system calls (`mprotect`, `read`, `write`, `sched_yield`, `sigaction`,
-//! `abort`); it allocates nothing, takes no lock, logs nothing, and saves and restores `errno`.
+//! front, and raw system calls (`mprotect`, userfaultfd `ioctl`s, `read`, `write`,
+//! `sched_yield`, `sigaction`, `abort`); it allocates nothing, takes no lock, logs nothing, and saves and restores `errno`.
 //! It uses a few hundred bytes of stack (a copy of one `sigaction` to chain, a hex buffer).
 
 use std::marker::PhantomData;
@@ -18,6 +21,7 @@ use super::heap::{AtomicCounters, Heap};
 use super::signals::{self, Claim, Owner};
 use super::sigsafe::{self, ErrnoGuard, Hex};
 use super::state;
+use super::uffd::{Continued, Uffd};
 
 /// What the handler reads, published through [`CONTEXT`] while a [`FaultHandler`] is installed.
 struct Context {
@@ -158,6 +162,16 @@ unsafe fn handle_in_context(
             b" from a thread that is not the node's application thread\n",
         ]);
     }
+    if let Some(uffd) = heap.uffd() {
+        if sig != libc::SIGBUS {
+            // The userfaultfd view is mapped read-write: a SIGSEGV there is not a protection
+            // fault of ours (the heap being unmapped, say). Let the previous action have it.
+            return Outcome::Chain(ctx.prev_segv);
+        }
+        // SAFETY: `uctx` is the kernel's ucontext for this fault.
+        let (kind, present) = unsafe { (fault_kind(uctx), fault_present(uctx)) };
+        return handle_uffd(ctx, uffd, page, addr, kind, present);
+    }
     if sig == libc::SIGBUS {
         sigsafe::abort_with(&[
             b"treadmarks: SIGBUS in the shared heap at ",
@@ -231,6 +245,180 @@ fn fast_write(heap: &Heap, page: u32, addr: usize) {
     heap.state(page).store(state::READ_WRITE, Ordering::Release);
     heap.ring.push(page);
     AtomicCounters::bump(&heap.counters.fast_write_faults);
+}
+
+/// The userfaultfd side of the handler: the kernel raised SIGBUS for a uffd fault on `page`.
+///
+/// SIGBUS does not say which uffd fault it was; the page state does, with the page-fault error
+/// code's present bit (x86_64) to tell a write-protect fault (page mapped) from a minor fault
+/// (page not mapped in the application view):
+/// - `INVALID`: a miss. Hand it to the service thread exactly as on the mprotect backend.
+/// - `READ_ONLY`, page mapped: a write-protect fault, so a write. Fast path: twin, clear WP.
+/// - `READ_ONLY`, not mapped (a valid page whose memfd page the runtime view touched first, so
+///   the kernel raised a minor fault): a write twins and maps it writable at once; a read maps
+///   it write-protected (`UFFDIO_CONTINUE_MODE_WP`) and retries.
+/// - `READ_WRITE`, not mapped: map it writable and retry.
+/// - `BUSY`: the service thread is changing the page; yield and retry.
+///
+/// Every PTE change of a page happens while its owner holds the page's `BUSY` state, so the
+/// handler and `HeapPages::set_access` never race on the kernel side either.
+fn handle_uffd(
+    ctx: &Context,
+    uffd: &Uffd,
+    page: u32,
+    addr: usize,
+    kind: FaultKind,
+    present: Option<bool>,
+) -> Outcome {
+    let heap = &*ctx.heap;
+    let st = heap.state(page);
+    let counters = &heap.counters;
+    loop {
+        let s = st.load(Ordering::Acquire);
+        match s {
+            state::BUSY => {
+                // Hazard "a fault on a page being installed": the service thread is mapping
+                // (UFFDIO_CONTINUE) or protecting this page right now and never waits on us
+                // while it holds BUSY. Let it finish, then retry the access.
+                AtomicCounters::bump(&counters.busy_retries);
+                // SAFETY: no arguments; async-signal-safe.
+                unsafe { libc::sched_yield() };
+                return Outcome::Retry;
+            }
+            state::INVALID => {
+                // Hazard "a fault racing an invalidation": the state is read after the fault,
+                // so a page invalidated (MADV_DONTNEED) between the access and here is handed
+                // off like any miss; the service thread tolerates a hand-off for a page that is
+                // valid again by the time it looks.
+                AtomicCounters::bump(&counters.handoffs);
+                ctx.doorbell.post_fault(page, kind);
+                ctx.doorbell.ring_service();
+                ctx.doorbell.wait_app();
+                return Outcome::Retry;
+            }
+            state::READ_ONLY | state::READ_WRITE => {
+                if s == state::READ_ONLY && kind == FaultKind::Read && present == Some(true) {
+                    // A read never write-protect-faults: the page was mapped while the fault was
+                    // being delivered.
+                    AtomicCounters::bump(&counters.spurious_faults);
+                    return Outcome::Retry;
+                }
+                if s == state::READ_WRITE && present == Some(true) {
+                    // Write protection cleared while the fault was being delivered.
+                    AtomicCounters::bump(&counters.spurious_faults);
+                    return Outcome::Retry;
+                }
+                if st.compare_exchange(s, state::BUSY, Ordering::Acquire, Ordering::Relaxed).is_err() {
+                    continue;
+                }
+                resolve_valid_uffd(heap, uffd, page, addr, s, kind, present);
+                return Outcome::Retry;
+            }
+            _ => sigsafe::abort_with(&[b"treadmarks: corrupt page state in the fault handler\n"]),
+        }
+    }
+}
+
+/// Resolves a uffd fault on a valid page whose `BUSY` state the caller took from `s`.
+fn resolve_valid_uffd(
+    heap: &Heap,
+    uffd: &Uffd,
+    page: u32,
+    addr: usize,
+    s: u8,
+    kind: FaultKind,
+    present: Option<bool>,
+) {
+    let ps = heap.page_size();
+    let start = heap.app_page(page) as usize;
+    let fail = |op: &[u8], errno: i32, back: u8| -> ! {
+        heap.state(page).store(back, Ordering::Release);
+        sigsafe::abort_with(&[
+            b"treadmarks: cannot resolve a userfaultfd fault on the shared heap page at ",
+            Hex::new(addr).as_bytes(),
+            b" (",
+            op,
+            b" errno ",
+            sigsafe::Dec::new(errno as u64).as_bytes(),
+            b"; the memfd may be out of memory)\n",
+        ]);
+    };
+    if s == state::READ_WRITE {
+        // Not mapped (or we cannot tell): map it writable. EEXIST (mapped after all) is fine.
+        if let Err(e) = uffd.continue_range(start, ps, false, ps) {
+            fail(b"UFFDIO_CONTINUE", e, s);
+        }
+        AtomicCounters::bump(&heap.counters.minor_maps);
+        heap.state(page).store(state::READ_WRITE, Ordering::Release);
+        return;
+    }
+    // READ_ONLY from here.
+    let mapped = match present {
+        Some(p) => p,
+        None => {
+            // Cannot tell from the hardware: try to map it write-protected; EEXIST means it
+            // was mapped, i.e. this was a write-protect fault.
+            match uffd.continue_range(start, ps, true, ps) {
+                Ok(Continued::All) => {
+                    AtomicCounters::bump(&heap.counters.minor_maps);
+                    heap.state(page).store(state::READ_ONLY, Ordering::Release);
+                    return;
+                }
+                Ok(Continued::SomeExisted) => true,
+                Err(e) => fail(b"UFFDIO_CONTINUE", e, s),
+            }
+        }
+    };
+    if !mapped && kind == FaultKind::Read {
+        if let Err(e) = uffd.continue_range(start, ps, true, ps) {
+            fail(b"UFFDIO_CONTINUE (MODE_WP)", e, s);
+        }
+        AtomicCounters::bump(&heap.counters.minor_maps);
+        heap.state(page).store(state::READ_ONLY, Ordering::Release);
+        return;
+    }
+    // A write (a write-protect fault on a mapped page, or a write to an unmapped one): the
+    // fast path. Twin first, while nothing can write the page, then make it writable.
+    // SAFETY: we own BUSY (taken from READ_ONLY), so `make_twin` and `set_access` cannot touch
+    // the page or its twin; the page is write-protected or unmapped in the application view and
+    // only this thread (in its handler) may touch that view, so nobody writes it.
+    unsafe { heap.copy_to_twin(page) };
+    let made = if mapped {
+        uffd.writeprotect(start, ps, false)
+    } else {
+        uffd.continue_range(start, ps, false, ps).map(drop)
+    };
+    if let Err(e) = made {
+        fail(b"UFFDIO_WRITEPROTECT/CONTINUE", e, s);
+    }
+    if !mapped {
+        AtomicCounters::bump(&heap.counters.minor_maps);
+    }
+    heap.state(page).store(state::READ_WRITE, Ordering::Release);
+    heap.ring.push(page);
+    AtomicCounters::bump(&heap.counters.fast_write_faults);
+}
+
+/// Whether the faulting page was mapped (a protection fault) or not (bit 0 of the x86_64
+/// page-fault error code), as far as the hardware tells.
+///
+/// # Safety
+/// `uctx` must be the `ucontext_t` the kernel passed to an `SA_SIGINFO` handler.
+#[cfg(target_arch = "x86_64")]
+unsafe fn fault_present(uctx: *mut libc::c_void) -> Option<bool> {
+    let uc = uctx.cast::<libc::ucontext_t>();
+    // SAFETY: the caller passes the kernel's ucontext; REG_ERR is inside `gregs`.
+    let err = unsafe { (*uc).uc_mcontext.gregs[libc::REG_ERR as usize] };
+    Some(err & 1 != 0)
+}
+
+/// Other architectures do not decode the fault yet.
+///
+/// # Safety
+/// None needed; kept `unsafe` for symmetry with the x86_64 version.
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn fault_present(_uctx: *mut libc::c_void) -> Option<bool> {
+    None
 }
 
 /// Read or write, from the x86_64 page-fault error code (bit 1 = write).

@@ -7,11 +7,13 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 
+use super::backend::{self, FaultBackend};
 use super::error::MemError;
 use super::ring::TwinRing;
 use super::state;
+use super::uffd::Uffd;
 use crate::protocol::ids::PageIdx;
 
 /// Where and how big the shared heap is.
@@ -37,8 +39,11 @@ pub struct FaultCounters {
     /// Faults that found the page already accessible when the handler looked (a protection
     /// change raced with the access) and were simply retried.
     pub spurious_faults: u64,
-    /// `mprotect` calls made by [`HeapPages::set_access`](super::HeapPages) (one per run).
+    /// Protection changes made by [`HeapPages::set_access`](super::HeapPages) (one per run).
     pub protect_calls: u64,
+    /// Faults on a valid page that was not mapped in the application view (userfaultfd backend
+    /// only: a minor fault on a page the runtime touched first), mapped in the handler.
+    pub minor_maps: u64,
 }
 
 #[derive(Debug, Default)]
@@ -48,6 +53,7 @@ pub(super) struct AtomicCounters {
     pub(super) busy_retries: AtomicU64,
     pub(super) spurious_faults: AtomicU64,
     pub(super) protect_calls: AtomicU64,
+    pub(super) minor_maps: AtomicU64,
 }
 
 impl AtomicCounters {
@@ -69,9 +75,16 @@ pub struct Heap {
     size: usize,
     page_size: usize,
     npages: u32,
-    /// Keeps the memfd open as long as the views (not strictly needed once mapped, but cheap
-    /// and it makes the backing object visible in /proc/self/fd for debugging).
-    _memfd: OwnedFd,
+    /// The backing object of both views. The userfaultfd backend allocates its pages before it
+    /// invalidates them (`fallocate`), so an invalid page always takes a minor fault.
+    memfd: OwnedFd,
+    /// The userfaultfd descriptor of the application view, if the heap uses that backend and is
+    /// protected. Closing it (on drop) unregisters the view.
+    uffd: Option<Uffd>,
+    /// Userfaultfd backend: pages known to exist in the memfd (allocated by `fallocate` before
+    /// their first invalidation; pages are never freed, so this only grows). Written only by
+    /// `change_run`, which runs on the service thread.
+    allocated: Box<[AtomicBool]>,
     pub(super) states: Box<[AtomicU8]>,
     pub(super) ring: TwinRing,
     pub(super) counters: AtomicCounters,
@@ -139,9 +152,21 @@ impl Drop for Unmap {
 }
 
 impl Heap {
+    /// [`Heap::map_with`] on the `mprotect` backend.
+    pub fn map(layout: HeapLayout) -> Result<Arc<Heap>, MemError> {
+        Heap::map_with(layout, FaultBackend::Mprotect)
+    }
+
     /// Maps the shared heap: the application view at exactly `layout.base`, a runtime view and a
     /// twin area. Every page starts zeroed and valid (`Read` if `protect`, else `ReadWrite`).
-    pub fn map(layout: HeapLayout) -> Result<Arc<Heap>, MemError> {
+    ///
+    /// With `protect`, `backend` says how page protection is enforced (see the module docs):
+    /// - [`FaultBackend::Mprotect`] refuses a heap with more pages than `vm.max_map_count`
+    ///   leaves room for ([`MemError::MapCountTooLow`]);
+    /// - [`FaultBackend::Uffd`] maps the view read-write, registers it with a new userfaultfd
+    ///   (minor faults and write protection, SIGBUS delivery) and write-protects it whole; it
+    ///   fails with [`MemError::UffdUnavailable`] if the kernel cannot do that.
+    pub fn map_with(layout: HeapLayout, backend: FaultBackend) -> Result<Arc<Heap>, MemError> {
         let HeapLayout { base, size, protect } = layout;
         let page_size = system_page_size();
         let invalid = |reason| MemError::InvalidLayout { base, size, page_size, reason };
@@ -155,6 +180,15 @@ impl Heap {
             return Err(invalid("base + size overflows the address space"));
         }
         let npages = u32::try_from(size / page_size).map_err(|_| invalid("more than 2^32 - 1 pages"))?;
+        let use_uffd = protect && backend == FaultBackend::Uffd;
+        if protect && backend == FaultBackend::Mprotect {
+            backend::check_map_count(npages, size)?;
+        }
+        let uffd = if use_uffd {
+            Some(Uffd::open().map_err(|u| MemError::UffdUnavailable { why: u.why, fix: u.fix })?)
+        } else {
+            None
+        };
 
         const NAME: &CStr = c"treadmarks-heap";
         // SAFETY: `NAME` is a NUL-terminated string that outlives the call.
@@ -178,7 +212,9 @@ impl Heap {
             });
         }
 
-        let app_prot = if protect { libc::PROT_READ } else { libc::PROT_READ | libc::PROT_WRITE };
+        // The userfaultfd backend keeps the view read-write and protects it per PTE.
+        let app_prot =
+            if protect && !use_uffd { libc::PROT_READ } else { libc::PROT_READ | libc::PROT_WRITE };
         // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping; it fails with EEXIST.
         let app = unsafe {
             mmap(base, size, app_prot, libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE, memfd.as_raw_fd())
@@ -202,6 +238,17 @@ impl Heap {
                     source,
                 })?;
         let runtime = Unmap(Some((runtime, size)));
+        if let Some(uffd) = &uffd {
+            // Register, then write-protect every page: on shmem this leaves a write-protect
+            // marker in every PTE, populated or not, so the first write to any page faults
+            // (and a read of a page the memfd does not hold yet simply allocates it).
+            uffd.register(base, size).map_err(|u| MemError::UffdUnavailable { why: u.why, fix: u.fix })?;
+            uffd.writeprotect(base, size, true).map_err(|errno| MemError::Sys {
+                op: "write-protect the application view with userfaultfd",
+                size,
+                source: io::Error::from_raw_os_error(errno),
+            })?;
+        }
         // SAFETY: no fixed address; anonymous memory, committed page by page on first touch.
         let twins = unsafe {
             mmap(
@@ -222,7 +269,9 @@ impl Heap {
             size,
             page_size,
             npages,
-            _memfd: memfd,
+            memfd,
+            allocated: (0..if uffd.is_some() { npages } else { 0 }).map(|_| AtomicBool::new(false)).collect(),
+            uffd,
             states: (0..npages).map(|_| AtomicU8::new(initial)).collect(),
             ring: TwinRing::new(npages),
             counters: AtomicCounters::default(),
@@ -264,7 +313,19 @@ impl Heap {
             busy_retries: c.busy_retries.load(Ordering::Relaxed),
             spurious_faults: c.spurious_faults.load(Ordering::Relaxed),
             protect_calls: c.protect_calls.load(Ordering::Relaxed),
+            minor_maps: c.minor_maps.load(Ordering::Relaxed),
         }
+    }
+
+    /// How this heap's page protection is enforced. An unprotected heap (`protect == false`)
+    /// reports [`FaultBackend::Mprotect`]: it never changes protection.
+    pub fn backend(&self) -> FaultBackend {
+        if self.uffd.is_some() { FaultBackend::Uffd } else { FaultBackend::Mprotect }
+    }
+
+    /// The userfaultfd of the application view (userfaultfd backend only).
+    pub(super) fn uffd(&self) -> Option<&Uffd> {
+        self.uffd.as_ref()
     }
 
     /// The page holding application-view address `addr`, if it is inside the heap.
@@ -326,6 +387,71 @@ impl Heap {
         // reference into the application view is ever created by this module.
         let rc = unsafe { libc::mprotect(start.cast(), len, state::prot(st)) };
         if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+    }
+}
+
+impl Heap {
+    /// Changes the application-view protection of pages `first..first+count`, all in stable
+    /// state `old`, to stable state `new`. Does not touch the state words: the caller owns the
+    /// pages' `BUSY` state. Returns the operation and errno on failure.
+    ///
+    /// - `mprotect` backend: one `mprotect` (whatever `old` is).
+    /// - userfaultfd backend:
+    ///   - to `INVALID`: `fallocate` the memfd range (so the pages exist and every later access
+    ///     is a *minor* fault, never a silent zero-fill), then `MADV_DONTNEED` on the application
+    ///     view. The memfd keeps the data; the runtime view still reads and writes it.
+    ///   - `INVALID` to valid: `UFFDIO_CONTINUE`, in write-protect mode for `READ_ONLY` (no
+    ///     writable window before a twin exists).
+    ///   - `READ_ONLY` and `READ_WRITE` between themselves: `UFFDIO_WRITEPROTECT` set or clear.
+    pub(super) fn change_run(
+        &self,
+        first: u32,
+        count: u32,
+        old: u8,
+        new: u8,
+    ) -> Result<(), (&'static str, i32)> {
+        let Some(uffd) = &self.uffd else {
+            return self
+                .protect_run(first, count, new)
+                .map_err(|e| ("mprotect", e.raw_os_error().unwrap_or(0)));
+        };
+        assert!(
+            u64::from(first) + u64::from(count) <= u64::from(self.npages),
+            "pages {first}..{} out of range: the heap has {} pages",
+            u64::from(first) + u64::from(count),
+            self.npages
+        );
+        let start = self.app.as_ptr() as usize + first as usize * self.page_size;
+        let len = count as usize * self.page_size;
+        match (old, new) {
+            _ if old == new => Ok(()),
+            (_, state::INVALID) => {
+                let pages = first as usize..(first + count) as usize;
+                if !self.allocated[pages.clone()].iter().all(|a| a.load(Ordering::Relaxed)) {
+                    let off = first as libc::off_t * self.page_size as libc::off_t;
+                    // SAFETY: plain system call on the memfd we own; the range is inside its
+                    // size. Allocating pages changes no data (holes read as zeros either way).
+                    if unsafe { libc::fallocate(self.memfd.as_raw_fd(), 0, off, len as libc::off_t) } != 0 {
+                        return Err(("fallocate", super::sigsafe::errno()));
+                    }
+                    self.allocated[pages].iter().for_each(|a| a.store(true, Ordering::Relaxed));
+                }
+                // SAFETY: the range is inside the application view this heap owns (checked
+                // above). MADV_DONTNEED on a shared mapping only drops the PTEs: the memfd keeps
+                // the bytes, and no Rust reference into the application view exists.
+                if unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_DONTNEED) } != 0 {
+                    return Err(("madvise(MADV_DONTNEED)", super::sigsafe::errno()));
+                }
+                Ok(())
+            }
+            (state::INVALID, _) => uffd
+                .continue_range(start, len, new == state::READ_ONLY, self.page_size)
+                .map(drop)
+                .map_err(|e| ("UFFDIO_CONTINUE", e)),
+            (_, _) => {
+                uffd.writeprotect(start, len, new == state::READ_ONLY).map_err(|e| ("UFFDIO_WRITEPROTECT", e))
+            }
+        }
     }
 }
 

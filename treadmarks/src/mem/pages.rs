@@ -2,12 +2,14 @@
 //! runtime's service thread.
 //!
 //! Bytes are read and written through the runtime view, twins through the twin area; the
-//! application view is only ever `mprotect`ed. Every call checks the page-sharing rule against
+//! application view only ever has its protection changed (`mprotect`, or `MADV_DONTNEED`,
+//! `UFFDIO_CONTINUE` and `UFFDIO_WRITEPROTECT` on the userfaultfd backend). Every call checks the page-sharing rule against
 //! the page's atomic state and panics with context if the caller breaks it.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use super::backend::FaultBackend;
 use super::heap::{AtomicCounters, Heap};
 use super::state;
 use crate::protocol::ids::PageIdx;
@@ -54,21 +56,35 @@ impl PageMemory for HeapPages {
         // Take every page of the run (the handler holds BUSY only briefly and never waits on us).
         let old: Vec<u8> = (first.0..first.0 + count).map(|p| state::acquire_busy(heap.state(p))).collect();
         AtomicCounters::bump(&heap.counters.protect_calls);
-        if let Err(err) = heap.protect_run(first.0, count, new) {
-            // Put the states back so the application thread does not spin on BUSY forever.
-            for (i, s) in old.iter().enumerate() {
-                heap.state(first.0 + i as u32).store(*s, Ordering::Release);
+        // userfaultfd: one change per sub-run of equal old state (the operation depends on it;
+        // runs are almost always homogeneous). mprotect: one call for the whole run.
+        let split = heap.backend() == FaultBackend::Uffd;
+        let mut i = 0usize;
+        while i < old.len() {
+            let mut j = i + 1;
+            while j < old.len() && (!split || old[j] == old[i]) {
+                j += 1;
             }
-            panic!(
-                "mprotect of pages {}..{} ({} bytes at {:p}) to {access:?} failed: {err} (errno {}); \
-                 ENOMEM usually means the heap is split into more differently-protected runs than \
-                 vm.max_map_count allows (raise it with `sysctl vm.max_map_count=...`)",
-                first.0,
-                end,
-                count as usize * heap.page_size(),
-                heap.app_page(first.0),
-                err.raw_os_error().unwrap_or(0),
-            );
+            let sub_first = first.0 + i as u32;
+            if let Err((op, errno)) = heap.change_run(sub_first, (j - i) as u32, old[i], new) {
+                // Put the states back so the application thread does not spin on BUSY forever.
+                for (k, s) in old.iter().enumerate() {
+                    heap.state(first.0 + k as u32).store(*s, Ordering::Release);
+                }
+                panic!(
+                    "{op} of pages {}..{} ({} bytes at {:p}, {} backend) to {access:?} failed: {} \
+                     (errno {errno}); ENOMEM from mprotect usually means the heap is split into \
+                     more differently-protected runs than vm.max_map_count allows (raise it with \
+                     `sysctl vm.max_map_count=...`, or use TMK_FAULTS=uffd)",
+                    sub_first,
+                    first.0 as usize + j,
+                    (j - i) * heap.page_size(),
+                    heap.app_page(sub_first),
+                    heap.backend().name(),
+                    std::io::Error::from_raw_os_error(errno),
+                );
+            }
+            i = j;
         }
         for p in first.0..first.0 + count {
             heap.state(p).store(new, Ordering::Release);

@@ -32,6 +32,10 @@ use super::msg::{DiffAsk, DiffWire, Message, PageCopy, PageDiffs};
 use super::node::{AppDone, Node, Pending};
 use super::vtime::VectorTime;
 
+/// Most pages one diff or page request names, so that a reply stays far below the transport's
+/// frame limit (about a page of data per page asked: ~1 MiB per reply with 4 KiB pages).
+pub const PAGES_PER_REQUEST: usize = 256;
+
 /// What we know about one writer of a page.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WriterState {
@@ -232,16 +236,18 @@ impl<M: PageMemory> Node<M> {
             });
             self.misses.insert(p, Miss { write, purpose, asked, diffs: Vec::new(), base });
         }
+        // One request per writer, split so that no reply can outgrow a frame (a page's diff is
+        // at most about a page).
         for (w, asks) in asks.into_iter().enumerate() {
-            if !asks.is_empty() {
+            for chunk in asks.chunks(PAGES_PER_REQUEST) {
                 self.stats.diff_requests_sent += 1;
-                self.outbox.push_back((NodeId(w as u16), Message::DiffRequest { asks }));
+                self.outbox.push_back((NodeId(w as u16), Message::DiffRequest { asks: chunk.to_vec() }));
             }
         }
         for (h, pages) in copies.into_iter().enumerate() {
-            if !pages.is_empty() {
-                self.stats.page_requests_sent += pages.len() as u64;
-                self.outbox.push_back((NodeId(h as u16), Message::PageRequest { pages }));
+            for chunk in pages.chunks(PAGES_PER_REQUEST) {
+                self.stats.page_requests_sent += chunk.len() as u64;
+                self.outbox.push_back((NodeId(h as u16), Message::PageRequest { pages: chunk.to_vec() }));
             }
         }
         for &p in pages {

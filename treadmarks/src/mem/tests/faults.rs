@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{layout, no_core_dumps, run_in_child, test_name};
-use crate::mem::{Doorbell, FaultHandler, FaultKind, Heap, HeapPages, MemError, probe};
+use super::{layout, map, no_core_dumps, run_in_child, test_name, uffd_or_skip};
+use crate::mem::{Doorbell, FaultBackend, FaultHandler, FaultKind, Heap, HeapPages, MemError, probe};
 use crate::protocol::ids::PageIdx;
 use crate::protocol::memory::{Access, PageMemory};
 
@@ -52,10 +52,9 @@ fn serve(
     })
 }
 
-#[test]
-fn fast_path_twins_a_write_to_a_read_only_page() {
-    run_in_child(test_name!(fast_path_twins_a_write_to_a_read_only_page), || {
-        let heap = Heap::map(layout(10, 16)).unwrap();
+fn fast_path_twins_a_write_to_a_read_only_page(backend: FaultBackend, test: &str) {
+    run_in_child(test, || {
+        let heap = map(layout(10, 16), backend).unwrap();
         let ps = heap.page_size();
         let bell = Doorbell::new().unwrap();
         let mut pages = HeapPages(heap.clone());
@@ -84,10 +83,9 @@ fn fast_path_twins_a_write_to_a_read_only_page() {
     .assert_success();
 }
 
-#[test]
-fn slow_path_hands_the_fault_to_the_service_thread() {
-    run_in_child(test_name!(slow_path_hands_the_fault_to_the_service_thread), || {
-        let heap = Heap::map(layout(11, 16)).unwrap();
+fn slow_path_hands_the_fault_to_the_service_thread(backend: FaultBackend, test: &str) {
+    run_in_child(test, || {
+        let heap = map(layout(11, 16), backend).unwrap();
         let ps = heap.page_size();
         let bell = Doorbell::new().unwrap();
         let mut pages = HeapPages(heap.clone());
@@ -116,11 +114,10 @@ fn slow_path_hands_the_fault_to_the_service_thread() {
     .assert_success();
 }
 
-#[test]
-fn fault_from_another_thread_aborts_with_a_message() {
-    let out = run_in_child(test_name!(fault_from_another_thread_aborts_with_a_message), || {
+fn fault_from_another_thread_aborts_with_a_message(backend: FaultBackend, test: &str) {
+    let out = run_in_child(test, || {
         no_core_dumps();
-        let heap = Heap::map(layout(12, 4)).unwrap();
+        let heap = map(layout(12, 4), backend).unwrap();
         let bell = Doorbell::new().unwrap();
         let _handler = FaultHandler::install(heap.clone(), bell).unwrap();
         let h = heap.clone();
@@ -135,11 +132,10 @@ fn fault_from_another_thread_aborts_with_a_message() {
     assert!(out.stderr.contains(&want), "stderr lacks {want:?}:\n{}", out.stderr);
 }
 
-#[test]
-fn fault_outside_the_heap_chains_to_the_default_action() {
-    let out = run_in_child(test_name!(fault_outside_the_heap_chains_to_the_default_action), || {
+fn fault_outside_the_heap_chains_to_the_default_action(backend: FaultBackend, test: &str) {
+    let out = run_in_child(test, || {
         no_core_dumps();
-        let heap = Heap::map(layout(13, 4)).unwrap();
+        let heap = map(layout(13, 4), backend).unwrap();
         let _handler = FaultHandler::install(heap, Doorbell::new().unwrap()).unwrap();
         // SAFETY: a fresh private PROT_NONE page, ours to fault on.
         let p = unsafe {
@@ -160,13 +156,12 @@ fn fault_outside_the_heap_chains_to_the_default_action() {
     out.assert_killed_by(libc::SIGSEGV);
 }
 
-#[test]
-fn revoke_while_the_application_writes_loses_nothing() {
-    let out = run_in_child(test_name!(revoke_while_the_application_writes_loses_nothing), || {
+fn revoke_while_the_application_writes_loses_nothing(backend: FaultBackend, test: &str) {
+    let out = run_in_child(test, || {
         const WORDS: usize = 512; // u64 words in a 4 KiB page
         const ROUNDS: usize = 400;
         const RACES: u64 = 200;
-        let heap = Heap::map(layout(14, 4)).unwrap();
+        let heap = map(layout(14, 4), backend).unwrap();
         let bell = Doorbell::new().unwrap();
         let _handler = FaultHandler::install(heap.clone(), bell.clone()).unwrap();
         let done = Arc::new(AtomicBool::new(false));
@@ -220,10 +215,9 @@ fn revoke_while_the_application_writes_loses_nothing() {
     println!("{}", line.unwrap_or(&out.stdout));
 }
 
-#[test]
-fn only_one_handler_and_no_probe_while_installed() {
-    run_in_child(test_name!(only_one_handler_and_no_probe_while_installed), || {
-        let heap = Heap::map(layout(15, 4)).unwrap();
+fn only_one_handler_and_no_probe_while_installed(backend: FaultBackend, test: &str) {
+    run_in_child(test, || {
+        let heap = map(layout(15, 4), backend).unwrap();
         let bell = Doorbell::new().unwrap();
         let first = FaultHandler::install(heap.clone(), bell.clone()).unwrap();
         let second = FaultHandler::install(heap.clone(), bell.clone()).expect_err("second install");
@@ -242,12 +236,11 @@ fn only_one_handler_and_no_probe_while_installed() {
 
 /// Not a pass/fail timing: prints the fast-path cost next to the bare fault (run with
 /// `--nocapture`, in release, to read the numbers).
-#[test]
-fn fast_path_cost_next_to_bare_fault() {
-    let out = run_in_child(test_name!(fast_path_cost_next_to_bare_fault), || {
+fn fast_path_cost_next_to_bare_fault(backend: FaultBackend, test: &str) {
+    let out = run_in_child(test, || {
         const N: usize = 4096;
         let bare = probe::bare_fault_ns(N).unwrap();
-        let heap = Heap::map(layout(16, N)).unwrap();
+        let heap = map(layout(16, N), backend).unwrap();
         let ps = heap.page_size();
         // Commit the pages (read) so the timing sees protection faults, not first touches.
         for p in 0..N {
@@ -262,10 +255,223 @@ fn fast_path_cost_next_to_bare_fault() {
         assert_eq!(heap.counters().fast_write_faults, N as u64);
         assert!(bare > 0.0 && fast > 0.0);
         println!(
-            "fault cost over {N} pages: fast path (twin + mprotect) {fast:.0} ns, bare mprotect fault {bare:.0} ns"
+            "fault cost over {N} pages: fast path (twin + unprotect, {}) {fast:.0} ns, bare mprotect fault {bare:.0} ns",
+            backend.name()
         );
     });
     out.assert_success();
     let line = out.stdout.lines().find_map(|l| l.find("fault cost").map(|i| &l[i..]));
     println!("{}", line.unwrap_or(&out.stdout));
+}
+
+/// One `mprotect` and one `uffd` test per scenario; the uffd one is skipped, saying why, where the
+/// kernel does not offer it.
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            use super::test_name;
+            use crate::mem::FaultBackend;
+
+            #[test]
+            fn mprotect() {
+                super::$name(FaultBackend::Mprotect, test_name!(mprotect));
+            }
+
+            #[test]
+            fn uffd() {
+                if super::uffd_or_skip() {
+                    super::$name(FaultBackend::Uffd, test_name!(uffd));
+                }
+            }
+        }
+    )*};
+}
+
+on_both_backends!(
+    fast_path_twins_a_write_to_a_read_only_page,
+    slow_path_hands_the_fault_to_the_service_thread,
+    fault_from_another_thread_aborts_with_a_message,
+    fault_outside_the_heap_chains_to_the_default_action,
+    revoke_while_the_application_writes_loses_nothing,
+    only_one_handler_and_no_probe_while_installed,
+    fast_path_cost_next_to_bare_fault,
+);
+
+/// A 2 GiB heap with invalid / read-only / read-write pages alternating over more than 300,000
+/// pages: impossible on the mprotect backend (one mapping per page, past `vm.max_map_count`),
+/// plain on userfaultfd. The application then touches every page: writes twin the read-only
+/// ones, reads of the invalid ones go through the service thread.
+#[test]
+fn a_2_gib_checkerboard_on_userfaultfd() {
+    if !uffd_or_skip() {
+        return;
+    }
+    let out = run_in_child(test_name!(a_2_gib_checkerboard_on_userfaultfd), || {
+        const CHECKER: u32 = 330_000;
+        let ps = super::super::heap::system_page_size();
+        let l = crate::mem::HeapLayout { base: super::test_base(17), size: 2 << 30, protect: true };
+        let t = Instant::now();
+        let heap = map(l, FaultBackend::Uffd).unwrap();
+        let t_map = t.elapsed();
+        let mut pages = HeapPages(heap.clone());
+        let t = Instant::now();
+        for p in 0..CHECKER {
+            match p % 3 {
+                0 => pages.set_access(PageIdx(p), 1, Access::None),
+                1 => {}
+                _ => pages.set_access(PageIdx(p), 1, Access::ReadWrite),
+            }
+        }
+        let t_checker = t.elapsed();
+        for p in [0, 1, 2, 3, CHECKER - 1] {
+            let want = [Access::None, Access::Read, Access::ReadWrite][p as usize % 3];
+            assert_eq!(pages.access(PageIdx(p)), want, "page {p}");
+        }
+        let bell = Doorbell::new().unwrap();
+        let _handler = FaultHandler::install(heap.clone(), bell.clone()).unwrap();
+        // Every 8th invalid page is read (a hand-off each); all others are written.
+        let misses = (0..CHECKER).step_by(24).count();
+        let service = serve(bell, pages, misses, |pages, p, _| {
+            pages.page_mut(p)[5] = p.0 as u8 ^ 0x5a;
+            pages.set_access(p, 1, Access::Read);
+        });
+        let mut t_touch = [Duration::ZERO; 3];
+        for kind in [2, 1, 0] {
+            let t = Instant::now();
+            for p in (kind..CHECKER as usize).step_by(if kind == 0 { 24 } else { 3 }) {
+                match kind {
+                    0 => assert_eq!(app_read(&heap, p * ps + 5), p as u8 ^ 0x5a, "page {p}"),
+                    _ => app_write(&heap, p * ps + 9, p as u8),
+                }
+            }
+            t_touch[kind] = t.elapsed();
+        }
+        service.join().expect("service thread");
+        let c = heap.counters();
+        assert_eq!(c.handoffs, misses as u64, "{c:?}");
+        assert_eq!(c.fast_write_faults, u64::from(CHECKER / 3), "{c:?}");
+        for p in (0..CHECKER as usize).step_by(997) {
+            if p % 3 != 0 {
+                assert_eq!(app_read(&heap, p * ps + 9), p as u8, "page {p}");
+            }
+        }
+        println!(
+            "2 GiB checkerboard over {CHECKER} pages: map {t_map:?}, set states {t_checker:?}; touch every \
+             page: write read-write pages {:?}, write read-only pages (twin) {:?}, read invalid pages \
+             (hand-off, every 8th) {:?}; {c:?}",
+            t_touch[2], t_touch[1], t_touch[0]
+        );
+    });
+    out.assert_success();
+    let line = out.stdout.lines().find_map(|l| l.find("2 GiB checkerboard").map(|i| &l[i..]));
+    println!("{}", line.unwrap_or(&out.stdout));
+}
+
+/// Per-operation costs of one backend, measured in a child (see `fault_backend_costs`).
+fn measure_backend(backend: FaultBackend) -> [f64; 5] {
+    const N: usize = 8192;
+    let heap = map(layout(18, N), backend).unwrap();
+    let ps = heap.page_size();
+    let mut pages = HeapPages(heap.clone());
+    let bell = Doorbell::new().unwrap();
+    let handler = FaultHandler::install(heap.clone(), bell.clone()).unwrap();
+    let per = |d: Duration, n: usize| d.as_nanos() as f64 / n as f64;
+    // Warm up: commit every page, its app-view mapping and its twin slot.
+    for p in 0..N {
+        app_write(&heap, p * ps, 1);
+    }
+    heap.drain_fast_twins(|_| {});
+    // Write fault + twin: every page read-only, then one write each.
+    pages.set_access(PageIdx(0), N as u32, Access::Read);
+    let t = Instant::now();
+    for p in 0..N {
+        app_write(&heap, p * ps, 2);
+    }
+    let write_fault = per(t.elapsed(), N);
+    heap.drain_fast_twins(|_| {});
+    // Protect (ReadWrite -> Read), invalidate (-> None), revalidate (None -> Read), one page per
+    // call on every other page: a checkerboard, the worst case for mprotect.
+    let half: Vec<u32> = (0..N as u32).step_by(2).collect();
+    let timed = |pages: &mut HeapPages, access| {
+        let t = Instant::now();
+        for &p in &half {
+            pages.set_access(PageIdx(p), 1, access);
+        }
+        per(t.elapsed(), half.len())
+    };
+    let protect = timed(&mut pages, Access::Read);
+    let invalidate = timed(&mut pages, Access::None);
+    let revalidate = timed(&mut pages, Access::Read);
+    // Read miss with local data: fault, hand-off, install (write the page, make it readable),
+    // resume. No network.
+    for &p in &half {
+        pages.set_access(PageIdx(p), 1, Access::None);
+    }
+    let service = serve(bell, pages, half.len(), |pages, p, _| {
+        pages.page_mut(p).fill(7);
+        pages.set_access(p, 1, Access::Read);
+    });
+    let t = Instant::now();
+    for &p in &half {
+        assert_eq!(app_read(&heap, p as usize * ps + 3), 7);
+    }
+    let read_miss = per(t.elapsed(), half.len());
+    service.join().expect("service thread");
+    drop(handler);
+    [write_fault, read_miss, protect, invalidate, revalidate]
+}
+
+/// Prints the per-operation cost of each fault backend and the uffd/mprotect ratios:
+/// `cargo test -p treadmarks --release --lib -- --ignored fault_backend_costs --nocapture`.
+#[test]
+#[ignore = "a measurement, not a check: run it with --ignored --nocapture"]
+fn fault_backend_costs() {
+    if !uffd_or_skip() {
+        return;
+    }
+    let mut figures = Vec::new();
+    for (i, backend) in [FaultBackend::Mprotect, FaultBackend::Uffd].into_iter().enumerate() {
+        let name = [test_name!(fault_backend_costs_mprotect), test_name!(fault_backend_costs_uffd)][i];
+        let out = run_in_child(name, || measure_child(backend));
+        out.assert_success();
+        let line = out.stdout.lines().find_map(|l| l.find("FIGURES ").map(|i| &l[i + 8..]));
+        let line = line.unwrap_or_else(|| panic!("no figures from {name}: {}", out.stdout));
+        let f: Vec<f64> = line.split_whitespace().map(|w| w.parse().unwrap()).collect();
+        figures.push(f);
+    }
+    let names = [
+        "write fault + twin",
+        "read miss, local hand-off",
+        "protect RW->R (per page)",
+        "invalidate ->None (per page)",
+        "revalidate None->R (per page)",
+    ];
+    println!("{:<32} {:>12} {:>12} {:>12}", "ns per operation", "mprotect", "uffd", "uffd/mprot");
+    for (k, name) in names.iter().enumerate() {
+        let (m, u) = (figures[0][k], figures[1][k]);
+        println!("{name:<32} {m:>12.0} {u:>12.0} {:>12.2}", u / m);
+    }
+}
+
+fn measure_child(backend: FaultBackend) {
+    let f = measure_backend(backend);
+    println!("FIGURES {} {} {} {} {}", f[0], f[1], f[2], f[3], f[4]);
+}
+
+/// The children of `fault_backend_costs`: they measure only when it runs them, and do nothing
+/// as part of the normal suite.
+#[test]
+fn fault_backend_costs_mprotect() {
+    let name = test_name!(fault_backend_costs_mprotect);
+    if std::env::var(super::CHILD_VAR).is_ok_and(|v| name.ends_with(v.as_str())) {
+        run_in_child(name, || measure_child(FaultBackend::Mprotect));
+    }
+}
+
+#[test]
+fn fault_backend_costs_uffd() {
+    let name = test_name!(fault_backend_costs_uffd);
+    if std::env::var(super::CHILD_VAR).is_ok_and(|v| name.ends_with(v.as_str())) {
+        run_in_child(name, || measure_child(FaultBackend::Uffd));
+    }
 }

@@ -3,7 +3,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use super::{layout, test_base};
-use crate::mem::{Heap, HeapLayout, HeapPages, MemError, probe};
+use crate::mem::{FaultBackend, Heap, HeapLayout, HeapPages, MemError, probe};
 use crate::protocol::ids::PageIdx;
 use crate::protocol::memory::{Access, PageMemory};
 
@@ -78,7 +78,20 @@ fn panic_message(r: Result<(), Box<dyn std::any::Any + Send>>) -> String {
 
 #[test]
 fn heap_pages_enforce_the_page_sharing_rule() {
-    let heap = Heap::map(layout(4, 8)).unwrap();
+    page_sharing_rule_on(FaultBackend::Mprotect, 4);
+}
+
+#[test]
+fn heap_pages_enforce_the_page_sharing_rule_on_userfaultfd() {
+    // No fault is taken: every application-view access below is to a page whose PTE is mapped
+    // readable (or that the kernel fills in itself), so no handler is needed in-process.
+    if super::uffd_or_skip() {
+        page_sharing_rule_on(FaultBackend::Uffd, 5);
+    }
+}
+
+fn page_sharing_rule_on(backend: FaultBackend, slot: usize) {
+    let heap = Heap::map_with(layout(slot, 8), backend).unwrap();
     let mut pages = HeapPages(heap.clone());
 
     pages.set_access(PageIdx(0), 2, Access::ReadWrite);
@@ -118,4 +131,23 @@ fn probe_measures_a_positive_fault_cost() {
     let ns = probe::bare_fault_ns(256).expect("probe");
     assert!(ns > 0.0 && ns.is_finite(), "{ns}");
     assert!(probe::bare_fault_ns(0).is_err());
+}
+
+#[test]
+fn mprotect_refuses_a_heap_past_the_map_count_and_names_the_limit() {
+    let l = HeapLayout { base: test_base(6), size: 2 << 30, protect: true };
+    let err = Heap::map_with(l, FaultBackend::Mprotect).expect_err("a 2 GiB mprotect heap");
+    assert!(matches!(err, MemError::MapCountTooLow { npages: 524_288, .. }), "{err:?}");
+    let msg = err.to_string();
+    for want in ["vm.max_map_count", "TMK_FAULTS=uffd", "TMK_HEAP_SIZE", "2 GiB"] {
+        assert!(msg.contains(want), "the message should name {want:?}: {msg}");
+    }
+    // Unprotected (1-node) heaps never split, so they are not bounded.
+    Heap::map_with(HeapLayout { protect: false, ..l }, FaultBackend::Mprotect)
+        .expect("unprotected 2 GiB heap");
+    // The same heap is fine on userfaultfd.
+    if super::uffd_or_skip() {
+        let heap = Heap::map_with(l, FaultBackend::Uffd).expect("a 2 GiB uffd heap");
+        assert_eq!(heap.backend(), FaultBackend::Uffd);
+    }
 }

@@ -16,7 +16,9 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use super::HeapLayout;
+use std::sync::Arc;
+
+use super::{FaultBackend, Heap, HeapLayout, MemError};
 
 /// Environment variable that selects the child role (the full test name).
 const CHILD_VAR: &str = "TMK_MEM_TEST_CHILD";
@@ -31,6 +33,23 @@ pub(super) fn test_base(slot: usize) -> usize {
 /// A protected heap layout of `npages` pages at `test_base(slot)`.
 pub(super) fn layout(slot: usize, npages: usize) -> HeapLayout {
     HeapLayout { base: test_base(slot), size: npages * super::heap::system_page_size(), protect: true }
+}
+
+/// Maps `layout` on `backend`.
+pub(super) fn map(layout: HeapLayout, backend: FaultBackend) -> Result<Arc<Heap>, MemError> {
+    Heap::map_with(layout, backend)
+}
+
+/// Whether the userfaultfd backend can run here; if not, prints why (the uffd variant of a test
+/// is then skipped, not failed).
+pub(super) fn uffd_or_skip() -> bool {
+    match super::uffd_support() {
+        Ok(()) => true,
+        Err(u) => {
+            println!("skipping the userfaultfd variant: {} ({})", u.why, u.fix);
+            false
+        }
+    }
 }
 
 /// What a child did.
