@@ -17,10 +17,6 @@ use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Fewest pages of a mutable view worth twinning ahead of its writes: a command to the runtime
-/// costs a few page faults' worth.
-const TWIN_AHEAD_MIN_PAGES: usize = 8;
-
 /// One node's handle on the job.
 ///
 /// # The rules
@@ -286,32 +282,20 @@ impl Tmk {
     /// (raw pointers fault page by page instead).
     pub fn view<T: Pod>(&self, h: &Shared<[T]>) -> Result<View<'_, T>> {
         let view = self.borrows.view(&self.heap, h)?;
-        let invalid = self.heap.invalid_pages(h.offset(), Self::bytes(h));
-        if !invalid.is_empty() {
-            self.engine.validate(invalid, false)?;
-        }
+        self.validate(h)?;
         Ok(view)
     }
 
-    /// A mutable view of a shared array, validated like [`Tmk::view`]. It also declares writes:
-    /// when it covers many pages that would fault on their first write, they get their twins
-    /// up front, in one step, instead of one fault each.
+    /// A mutable view of a shared array; validated like [`Tmk::view`].
     pub fn view_mut<T: Pod>(&self, h: &Shared<[T]>) -> Result<ViewMut<'_, T>> {
         let view = self.borrows.view_mut(&self.heap, h)?;
-        let unwritable = self.heap.unwritable_pages(h.offset(), Self::bytes(h));
-        if unwritable.len() >= TWIN_AHEAD_MIN_PAGES {
-            self.engine.validate(unwritable, true)?;
-        } else {
-            let invalid = self.heap.invalid_pages(h.offset(), Self::bytes(h));
-            if !invalid.is_empty() {
-                self.engine.validate(invalid, false)?;
-            }
-        }
+        self.validate(h)?;
         Ok(view)
     }
 
-    fn bytes<T>(h: &Shared<[T]>) -> u64 {
-        (h.len() * size_of::<T>()) as u64
+    fn validate<T>(&self, h: &Shared<[T]>) -> Result<()> {
+        let invalid = self.heap.invalid_pages(h.offset(), (h.len() * size_of::<T>()) as u64);
+        if invalid.is_empty() { Ok(()) } else { self.engine.validate(invalid) }
     }
 
     /// Reads a shared value.

@@ -59,12 +59,8 @@ pub(crate) enum Pending {
     Acquire(LockId),
     Barrier(BarrierId),
     Fault,
-    /// Pages still to validate for [`Node::request_validate`], and the pages to twin ahead of
-    /// writes once they are valid.
-    Validate {
-        left: usize,
-        then_write: Vec<PageIdx>,
-    },
+    /// Pages still to validate for [`Node::request_validate`].
+    Validate(usize),
     Alloc,
     Free,
     Distribute(u64),

@@ -39,12 +39,8 @@ pub(crate) enum Command {
     Distribute(Option<Vec<u8>>),
     Exit,
     Ping(NodeId),
-    /// Bring these pages up to date (a view is about to be used); with `write`, twin them ahead
-    /// of the writes too.
-    Validate {
-        pages: Vec<PageIdx>,
-        write: bool,
-    },
+    /// Bring these invalid pages up to date (a view is about to be used).
+    Validate(Vec<PageIdx>),
     Stats,
     /// Stop the service thread (the application gave up on a failed job): flush what is
     /// queued, notably abort messages, then answer.
@@ -79,7 +75,7 @@ pub(crate) fn start(
         Command::Distribute(bytes) => node.request_distribute(bytes)?,
         Command::Exit => node.request_exit()?,
         Command::Ping(peer) => node.request_ping(peer)?,
-        Command::Validate { pages, write } => node.request_validate(&pages, write)?,
+        Command::Validate(pages) => node.request_validate(&pages)?,
         Command::Stats | Command::Shutdown => unreachable!("answered by the engine"),
     }
     Ok(None)
@@ -129,15 +125,13 @@ impl Engine {
     /// Brings `pages` up to date before a view of them is used. Needs no `&mut`: the
     /// application's views may be alive, and only invalid pages (which no view has touched since
     /// the last synchronization) change. A one-node job has no invalid pages.
-    pub fn validate(&self, pages: Vec<PageIdx>, write: bool) -> Result<()> {
+    pub fn validate(&self, pages: Vec<PageIdx>) -> Result<()> {
         match self {
             Engine::Local { .. } => Ok(()),
-            Engine::Remote { mailbox, .. } => {
-                match Self::call_remote(mailbox, Command::Validate { pages, write })? {
-                    Reply::Done(AppDone::Validated) => Ok(()),
-                    other => unreachable!("validate answered with {other:?}"),
-                }
-            }
+            Engine::Remote { mailbox, .. } => match Self::call_remote(mailbox, Command::Validate(pages))? {
+                Reply::Done(AppDone::Validated) => Ok(()),
+                other => unreachable!("validate answered with {other:?}"),
+            },
         }
     }
 
