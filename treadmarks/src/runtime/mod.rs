@@ -91,6 +91,15 @@ pub(crate) struct Mailbox {
     pub doorbell: Arc<Doorbell>,
 }
 
+/// How long the application thread polls for a reply before it sleeps (`TMK_SPIN_US`).
+fn spin_budget() -> std::time::Duration {
+    static SPIN: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
+    *SPIN.get_or_init(|| {
+        let us = std::env::var("TMK_SPIN_US").ok().and_then(|v| v.parse().ok()).unwrap_or(100);
+        std::time::Duration::from_micros(us)
+    })
+}
+
 /// Where this node's protocol runs.
 #[derive(Debug)]
 pub(crate) enum Engine {
@@ -141,6 +150,19 @@ impl Engine {
         mailbox.doorbell.ring_service();
         if posted_only {
             return Ok(Reply::Released);
+        }
+        // Poll a little before sleeping: waking a sleeping thread costs tens of microseconds on
+        // some machines, more than a short reply takes. Yielding lets anything else runnable on
+        // this CPU (the service thread, a peer's) go first.
+        let spin = spin_budget();
+        if !spin.is_zero() {
+            let start = std::time::Instant::now();
+            while start.elapsed() < spin {
+                if let Some(reply) = mailbox.reply.lock().expect("mailbox").take() {
+                    return reply;
+                }
+                std::thread::yield_now();
+            }
         }
         loop {
             mailbox.doorbell.wait_app();

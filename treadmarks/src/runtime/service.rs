@@ -61,7 +61,7 @@ pub(crate) fn spawn(
     let handle = std::thread::Builder::new()
         .name(name)
         .spawn(move || {
-            if std::env::var("TMK_SERVICE_RT").map_or(true, |v| v != "0") {
+            if std::env::var("TMK_SERVICE_RT").is_ok_and(|v| v == "1") {
                 crate::mem::sched::prioritize_service_thread();
             }
             let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
