@@ -4,7 +4,7 @@
 mod support;
 
 use std::time::Duration;
-use support::{Job, heap_base, run, testnode};
+use support::{Job, heap_base, run, run_with, testnode};
 
 #[test]
 fn four_nodes_count_to_4000_under_one_lock() {
@@ -81,5 +81,20 @@ fn nodes_with_different_configurations_refuse_to_meet() {
         let out = job.wait(Duration::from_secs(30));
         assert_ne!(out.code, Some(0), "{out:#?}");
         assert!(out.stderr.contains("locks=512") || out.stderr.contains("rejected"), "{out:#?}");
+    }
+}
+
+#[test]
+fn a_node_that_dies_while_the_job_starts_stops_the_launcher_at_once() {
+    for (_, out) in
+        run_with("counter", 3, 11, &[("TMK_TEST_DIE_AT_STARTUP", "2"), ("TMK_CONNECT_TIMEOUT", "60")]).iter()
+    {
+        assert_ne!(out.code, Some(0), "{out:#?}");
+        assert!(out.stderr.contains("node 2 exited while the job was starting"), "{out:#?}");
+        assert!(
+            out.elapsed < Duration::from_secs(20),
+            "took {:?} (the meeting timeout is 60 s)",
+            out.elapsed
+        );
     }
 }

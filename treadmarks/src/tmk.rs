@@ -8,7 +8,7 @@ use crate::mem::{
     BorrowTracker, Doorbell, FaultBackend, FaultHandler, Heap, HeapLayout, HeapPages, Shared, View, ViewMut,
 };
 use crate::protocol::{AppDone, BarrierId, LockId, Node, NodeConfig, NodeId, ProtocolError};
-use crate::runtime::launch::{self, Children};
+use crate::runtime::launch::{self, Children, StartupWatch};
 use crate::runtime::{Command, Engine, Mailbox, Reply, service};
 use crate::stats::Stats;
 use crate::transport::{MeshConfig, connect_mesh};
@@ -90,6 +90,7 @@ impl Tmk {
         };
         let node = Node::new(node_cfg, HeapPages(heap.clone()));
         let mut children = None;
+        let mut watch = None;
         let (engine, faults) = if n == 1 {
             (Engine::Local { node: Box::new(node), stats: Box::new(Stats::new(me, 1)) }, None)
         } else {
@@ -99,7 +100,7 @@ impl Tmk {
                     let l = TcpListener::bind(want)
                         .map_err(|e| Error::Failed(format!("cannot listen on {want}: {e}")))?;
                     let addr = l.local_addr().map_err(|e| Error::Failed(e.to_string()))?;
-                    children = Some(Children::spawn(n, addr)?);
+                    watch = Some(StartupWatch::new(Children::spawn(n, addr)?));
                     (Some(l), addr)
                 }
                 Role::Member { .. } => (None, config.root.expect("validated: members know the root")),
@@ -113,7 +114,9 @@ impl Tmk {
                 fingerprint: config.fingerprint(),
                 timeout: config.connect_timeout,
             };
-            let mesh = connect_mesh(&mesh_cfg, listener)?;
+            let mesh = connect_mesh(&mesh_cfg, listener);
+            children = watch.take().map(StartupWatch::finish);
+            let mesh = mesh?;
             let mailbox = Arc::new(Mailbox {
                 command: Mutex::new(Default::default()),
                 reply: Mutex::new(None),

@@ -265,6 +265,12 @@ fn gc_base_copy(tmk: &mut Tmk) -> R {
 }
 
 fn main() -> ExitCode {
+    // A node that dies before it meets the others (TMK_TEST_DIE_AT_STARTUP=<rank>).
+    if let (Ok(rank), Ok(die)) = (std::env::var("TMK_RANK"), std::env::var("TMK_TEST_DIE_AT_STARTUP"))
+        && rank == die
+    {
+        return ExitCode::from(3);
+    }
     let result = Tmk::startup().and_then(|mut tmk| {
         let scenario = tmk.args().first().cloned().unwrap_or_default();
         let r = match scenario.as_str() {

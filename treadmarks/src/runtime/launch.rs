@@ -7,12 +7,62 @@ use crate::error::{Error, Result};
 use crate::protocol::NodeId;
 use std::net::SocketAddr;
 use std::process::{Child, Command};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Node processes this process spawned.
 #[derive(Debug, Default)]
 pub(crate) struct Children {
     procs: Vec<(NodeId, Child)>,
+}
+
+/// Watches spawned nodes while the job meets: a node that exits before the meeting ends (a heap
+/// it cannot map, say) would otherwise leave this process waiting out the meeting's timeout.
+/// The watch ends when dropped.
+#[derive(Debug)]
+pub(crate) struct StartupWatch {
+    stop: Arc<AtomicBool>,
+    children: Arc<Mutex<Children>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl StartupWatch {
+    /// Watches `children` from a thread until dropped; a node that exits meanwhile ends this
+    /// process with a message naming it and its exit status.
+    pub fn new(children: Children) -> StartupWatch {
+        let stop = Arc::new(AtomicBool::new(false));
+        let children = Arc::new(Mutex::new(children));
+        let (s, c) = (stop.clone(), children.clone());
+        let thread = std::thread::Builder::new()
+            .name("tmk-startup-watch".into())
+            .spawn(move || {
+                while !s.load(Ordering::Acquire) {
+                    let exited = c.lock().expect("children").procs.iter_mut().find_map(|(node, child)| {
+                        child.try_wait().ok().flatten().map(|status| (*node, status))
+                    });
+                    if let Some((node, status)) = exited {
+                        crate::report(&format!(
+                            "treadmarks: {node} exited while the job was starting ({status}); stopping"
+                        ));
+                        drop(c.lock().map(|mut ch| std::mem::take(&mut *ch)));
+                        std::process::exit(1);
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            })
+            .ok();
+        StartupWatch { stop, children, thread }
+    }
+
+    /// Ends the watch and hands the children back.
+    pub fn finish(mut self) -> Children {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        std::mem::take(&mut *self.children.lock().expect("children"))
+    }
 }
 
 impl Children {
