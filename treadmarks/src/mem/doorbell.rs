@@ -69,6 +69,10 @@ pub struct Doorbell {
     app: OwnedFd,
     /// The pending slow-path fault: `PRESENT | kind << 32 | page`, or 0.
     slot: AtomicU64,
+    /// Faults the service thread has resolved. The application's eventfd also carries command
+    /// replies, and a wake-up can arrive after its reply was taken by polling; a thread blocked
+    /// in a fault therefore waits until this count moves, not merely for a wake-up.
+    resolved: AtomicU64,
 }
 
 fn eventfd(which: &'static str, flags: libc::c_int) -> Result<OwnedFd, MemError> {
@@ -101,6 +105,7 @@ impl Doorbell {
             service: eventfd("service", libc::EFD_NONBLOCK)?,
             app: eventfd("app", 0)?,
             slot: AtomicU64::new(0),
+            resolved: AtomicU64::new(0),
         }))
     }
 
@@ -159,6 +164,28 @@ impl Doorbell {
     /// App side: publishes a fault for the service thread. Async-signal-safe.
     pub(super) fn post_fault(&self, page: u32, kind: FaultKind) {
         self.slot.store(encode(page, kind), Ordering::Release);
+    }
+
+    /// App side, in the fault handler: hands the fault to the service thread and blocks until
+    /// the service thread has resolved it ([`Doorbell::fault_resolved`]); a stale wake-up (left
+    /// over from a command reply) does not end the wait. Async-signal-safe.
+    pub(super) fn hand_off_fault(&self, page: u32, kind: FaultKind) {
+        let seen = self.resolved.load(Ordering::Acquire);
+        self.post_fault(page, kind);
+        self.ring_service();
+        loop {
+            self.wait_app();
+            if self.resolved.load(Ordering::Acquire) != seen {
+                return;
+            }
+        }
+    }
+
+    /// Service side: the fault taken with [`Doorbell::take_fault`] is resolved; wakes the
+    /// application thread blocked in it.
+    pub fn fault_resolved(&self) {
+        self.resolved.fetch_add(1, Ordering::Release);
+        self.wake_app();
     }
 }
 

@@ -215,9 +215,7 @@ unsafe fn handle_in_context(
             _ => {
                 // INVALID: needs the service thread (and maybe the network).
                 AtomicCounters::bump(&counters.handoffs);
-                ctx.doorbell.post_fault(page, kind);
-                ctx.doorbell.ring_service();
-                ctx.doorbell.wait_app();
+                ctx.doorbell.hand_off_fault(page, kind);
                 return Outcome::Retry;
             }
         }
@@ -291,9 +289,7 @@ fn handle_uffd(
                 // off like any miss; the service thread tolerates a hand-off for a page that is
                 // valid again by the time it looks.
                 AtomicCounters::bump(&counters.handoffs);
-                ctx.doorbell.post_fault(page, kind);
-                ctx.doorbell.ring_service();
-                ctx.doorbell.wait_app();
+                ctx.doorbell.hand_off_fault(page, kind);
                 return Outcome::Retry;
             }
             state::READ_ONLY | state::READ_WRITE => {

@@ -102,7 +102,7 @@
 //!   protocol step.
 //! - **Slow path**: an access to an `INVALID` page stores `(page, kind)` in the [`Doorbell`]
 //!   slot, rings the service eventfd and blocks on the app eventfd until the service thread
-//!   calls [`Doorbell::wake_app`]; then the access is retried (and may fault again).
+//!   calls [`Doorbell::fault_resolved`]; then the access is retried (and may fault again).
 //! - A fault that finds the page already accessible (its protection changed while the fault was
 //!   delivered) or `BUSY` is simply retried.
 //!
@@ -130,7 +130,7 @@
 //!   from `page()`/`twin()` of a `Read` page may observe concurrent application stores. To read a
 //!   page stably, revoke to `None` first (or accept racy bytes, as TreadMarks does).
 //! - The service thread must tolerate a slow-path fault for a page that is valid by the time it
-//!   looks (just call `wake_app`), and must always wake the application thread eventually: it
+//!   looks (just call `fault_resolved`), and must always wake the application thread eventually: it
 //!   is blocked inside a signal handler.
 //! - An `mprotect` (or userfaultfd) failure in `set_access` panics (the trait cannot return it); the runtime should
 //!   turn a panic of the service thread into a process exit, or the application thread stays

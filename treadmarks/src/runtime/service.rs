@@ -299,7 +299,7 @@ impl Service {
                         self.stats.miss_wait += t.elapsed();
                     }
                     self.app = App::Running;
-                    self.mailbox.doorbell.wake_app();
+                    self.mailbox.doorbell.fault_resolved();
                 }
                 AppDone::Exited => {
                     self.exited = true;

@@ -45,7 +45,7 @@ fn serve(
             while let Some((p, kind)) = bell.take_fault() {
                 resolve(&mut pages, p, kind);
                 seen.push((p, kind));
-                bell.wake_app();
+                bell.fault_resolved();
             }
         }
         seen
