@@ -98,3 +98,8 @@ fn a_node_that_dies_while_the_job_starts_stops_the_launcher_at_once() {
         );
     }
 }
+
+#[test]
+fn a_fault_right_after_a_polled_reply_waits_for_its_own_resolution() {
+    run("reply-then-fault", 2, 12).assert_pass("reply-then-fault");
+}

@@ -264,6 +264,32 @@ fn gc_base_copy(tmk: &mut Tmk) -> R {
     tmk.barrier(0)
 }
 
+/// Commands whose replies the application takes by polling, each followed by a real page fault:
+/// a wake-up left over from a reply must not end a fault's wait early.
+fn reply_then_fault(tmk: &mut Tmk) -> R {
+    let pages = 300;
+    let a = shared::<u64>(tmk, pages * 512)?;
+    if tmk.proc_id() == 1 {
+        let mut v = tmk.view_mut(&a)?;
+        for p in 0..pages {
+            v[p * 512] = p as u64 + 1;
+        }
+    }
+    tmk.barrier(0)?;
+    if tmk.proc_id() == 0 {
+        let base = tmk.ptr(&a);
+        for p in 0..pages {
+            tmk.ping(1)?;
+            // SAFETY: `a` is a live allocation of `pages * 512` u64s, so the element is in bounds
+            // and aligned; no view or reference to it exists; the read faults (the page is
+            // invalid) and returns once the runtime has brought the page up to date.
+            let x = unsafe { std::ptr::read_volatile(base.add(p * 512)) };
+            check(x == p as u64 + 1, || format!("page {p} read {x}"))?;
+        }
+    }
+    tmk.barrier(0)
+}
+
 fn main() -> ExitCode {
     // A node that dies before it meets the others (TMK_TEST_DIE_AT_STARTUP=<rank>).
     if let (Ok(rank), Ok(die)) = (std::env::var("TMK_RANK"), std::env::var("TMK_TEST_DIE_AT_STARTUP"))
@@ -282,6 +308,7 @@ fn main() -> ExitCode {
             "kill" => kill(&mut tmk),
             "errors" => errors(&mut tmk),
             "gc-long" => gc_long(&mut tmk),
+            "reply-then-fault" => reply_then_fault(&mut tmk),
             "gc-counter" => gc_counter(&mut tmk),
             "gc-base-copy" => gc_base_copy(&mut tmk),
             other => Err(Error::Failed(format!("unknown scenario {other:?}"))),
