@@ -37,7 +37,7 @@ impl<M: PageMemory> Node<M> {
             return Err(ProtocolError::UnknownBarrier { barrier, nbarriers: self.cfg.nbarriers });
         }
         self.begin("barrier")?;
-        self.close_interval();
+        self.close_interval(true);
         let mine = self.vt.get(self.me);
         let intervals = (self.sent_to_manager + 1..=mine)
             .map(|i| self.log.get(self.me, i).expect("own interval in log").clone())

@@ -94,7 +94,8 @@ impl<M: PageMemory> Node<M> {
             return Err(ProtocolError::NotHeld { lock });
         }
         self.locks[lock.idx()].held = false;
-        self.close_interval();
+        // Releases do not wait for the runtime: the application may be writing already.
+        self.close_interval(false);
         if let Some((to, vt)) = self.locks[lock.idx()].next.take() {
             self.grant(lock, to, &vt);
         }

@@ -320,9 +320,15 @@ impl<M: PageMemory> Node<M> {
     /// twin, so the diff it gets holds every write made until then; once the twin is cut, the
     /// next write makes a fresh twin, and a fresh notice. So a page written every interval faults
     /// once and is noticed once per diff, not once per interval, and an interval that made no
-    /// twin carries no information and is not recorded. A renewed twin whose page did not change
-    /// is re-dated to the next interval instead of noticed.
-    pub(crate) fn close_interval(&mut self) {
+    /// twin carries no information and is not recorded.
+    ///
+    /// A renewed twin (made when a diff was served, the page left writable) may not have been
+    /// written since. When the application is `blocked` (an acquire or a barrier), its page is
+    /// compared with the twin: if unchanged, the twin is dropped and the page write-protected
+    /// (the next write faults and makes a fresh twin), so each renewal is compared once. At a
+    /// release the application is already running again and may be writing the page, so the
+    /// twin is noticed without a look (at most one needless notice per renewal).
+    pub(crate) fn close_interval(&mut self, blocked: bool) {
         let index = self.open_interval();
         let mut fresh = Vec::new();
         let mut unchanged = Vec::new();
@@ -331,22 +337,24 @@ impl<M: PageMemory> Node<M> {
             if meta.twin != Some(index) {
                 continue;
             }
-            if meta.renewed && self.mem.same_as_twin(p) {
+            if meta.renewed && blocked && self.mem.same_as_twin(p) {
                 unchanged.push(p);
             } else {
                 fresh.push(p);
             }
         }
+        for p in unchanged {
+            let meta = &mut self.pages[p.idx()];
+            meta.twin = None;
+            meta.renewed = false;
+            self.twinned.remove(&p);
+            self.mem.set_access(p, 1, Access::Read);
+        }
         if fresh.is_empty() {
-            return; // the interval stays open, and so do the renewed twins' dates
+            return;
         }
         for &p in &fresh {
             self.pages[p.idx()].renewed = false;
-        }
-        // Renewed twins not written since: nothing to notice yet. Each equals its page, so it may
-        // as well have been made in the next interval.
-        for p in unchanged {
-            self.pages[p.idx()].twin = Some(index + 1);
         }
         self.vt.set(self.me, index);
         let rec = IntervalRecord {
@@ -399,7 +407,7 @@ impl<M: PageMemory> Node<M> {
         if recs.is_empty() {
             return Ok(false);
         }
-        self.close_interval();
+        self.close_interval(true);
         let mut invalid = Vec::new();
         for rec in recs {
             for &p in &rec.pages {
