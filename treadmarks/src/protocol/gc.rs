@@ -1,7 +1,8 @@
 //! Garbage collection of consistency data, at barriers.
 //!
 //! Interval records, write notices and diffs pile up with every interval. When any node's
-//! consistency data passes the threshold (or the application asks, [`Node::request_collect`]),
+//! reclaimable consistency data (those three: twins are the working set, and come back at once)
+//! passes the threshold (or the application asks, [`Node::request_collect`]),
 //! the next barrier collects; the decision rides on the barrier messages:
 //!
 //! 1. Arrivals carry "I am over the threshold"; the release carries the manager's decision. At a
@@ -74,13 +75,23 @@ impl<M: PageMemory> Node<M> {
         self.stats.peak_consistency_bytes = self.stats.peak_consistency_bytes.max(now);
     }
 
+    /// Consistency data a collection reclaims for good: interval records, write notices, diffs.
+    /// Twins are left out: a collection drops them, but the pages being written get new ones at
+    /// once, so counting them would make a working set larger than the threshold collect at
+    /// every barrier.
+    pub fn reclaimable_bytes(&self) -> u64 {
+        let a = &self.acct;
+        let tables = a.writer_tables * (self.nprocs() * size_of::<super::page::WriterState>()) as u64;
+        a.record_bytes + a.diff_bytes + tables
+    }
+
     pub(crate) fn wants_gc(&self) -> bool {
-        self.gc_force || self.consistency_bytes() > self.cfg.gc_threshold
+        self.gc_force || self.reclaimable_bytes() > self.cfg.gc_threshold
     }
 
     /// Lock-only programs never collect by themselves: say so once when it is overdue.
     pub(crate) fn warn_if_collection_overdue(&mut self) {
-        if !self.gc_warned && self.consistency_bytes() > self.cfg.gc_threshold {
+        if !self.gc_warned && self.reclaimable_bytes() > self.cfg.gc_threshold {
             self.gc_warned = true;
             self.warnings.push_back(format!(
                 "consistency data is {} bytes, over the collection threshold of {} bytes, and only a \
@@ -162,9 +173,22 @@ impl<M: PageMemory> Node<M> {
         };
         let before = self.consistency_bytes();
         self.log.collect(&self.vt);
-        for p in std::mem::take(&mut self.twinned) {
+        let twinned = std::mem::take(&mut self.twinned);
+        let mut run: Option<(PageIdx, u32)> = None;
+        for p in twinned {
             self.pages[p.idx()].twin = None;
-            self.mem.set_access(p, 1, Access::Read);
+            self.pages[p.idx()].renewed = false;
+            run = match run {
+                Some((first, count)) if first.0 + count == p.0 => Some((first, count + 1)),
+                Some((first, count)) => {
+                    self.mem.set_access(first, count, Access::Read);
+                    Some((p, 1))
+                }
+                None => Some((p, 1)),
+            };
+        }
+        if let Some((first, count)) = run {
+            self.mem.set_access(first, count, Access::Read);
         }
         for meta in &mut self.pages {
             meta.writers = Vec::new();
