@@ -174,22 +174,11 @@ impl<M: PageMemory> Node<M> {
         let before = self.consistency_bytes();
         self.log.collect(&self.vt);
         let twinned = std::mem::take(&mut self.twinned);
-        let mut run: Option<(PageIdx, u32)> = None;
-        for p in twinned {
+        for &p in &twinned {
             self.pages[p.idx()].twin = None;
             self.pages[p.idx()].renewed = false;
-            run = match run {
-                Some((first, count)) if first.0 + count == p.0 => Some((first, count + 1)),
-                Some((first, count)) => {
-                    self.mem.set_access(first, count, Access::Read);
-                    Some((p, 1))
-                }
-                None => Some((p, 1)),
-            };
         }
-        if let Some((first, count)) = run {
-            self.mem.set_access(first, count, Access::Read);
-        }
+        self.set_access_in_runs(twinned, Access::Read);
         for meta in &mut self.pages {
             meta.writers = Vec::new();
             meta.diffs = Vec::new();

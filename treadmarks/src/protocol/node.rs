@@ -433,23 +433,27 @@ impl<M: PageMemory> Node<M> {
 
     /// Revokes all access to `pages` (ascending), in runs.
     fn invalidate(&mut self, pages: &[PageIdx]) {
-        let mut i = 0;
-        while i < pages.len() {
-            if self.mem.access(pages[i]) == Access::None {
-                i += 1;
-                continue;
-            }
-            let start = pages[i];
-            let mut count = 1;
-            while i + (count as usize) < pages.len()
-                && pages[i + count as usize].0 == start.0 + count
-                && self.mem.access(pages[i + count as usize]) != Access::None
-            {
-                count += 1;
-            }
-            self.mem.set_access(start, count, Access::None);
-            self.stats.invalidations += u64::from(count);
-            i += count as usize;
+        let valid: Vec<PageIdx> =
+            pages.iter().copied().filter(|&p| self.mem.access(p) != Access::None).collect();
+        self.stats.invalidations += valid.len() as u64;
+        self.set_access_in_runs(valid, Access::None);
+    }
+
+    /// Sets the protection of `pages` (ascending), one call per run of consecutive pages.
+    pub(crate) fn set_access_in_runs(&mut self, pages: impl IntoIterator<Item = PageIdx>, access: Access) {
+        let mut run: Option<(PageIdx, u32)> = None;
+        for p in pages {
+            run = match run {
+                Some((first, count)) if first.0 + count == p.0 => Some((first, count + 1)),
+                Some((first, count)) => {
+                    self.mem.set_access(first, count, access);
+                    Some((p, 1))
+                }
+                None => Some((p, 1)),
+            };
+        }
+        if let Some((first, count)) = run {
+            self.mem.set_access(first, count, access);
         }
     }
 }
