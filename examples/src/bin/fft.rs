@@ -243,9 +243,9 @@ fn threads(n1: usize, nthreads: usize) -> (f64, bool, String) {
                     let _ = six_step::<()>(inverse, |step| {
                         match step {
                             Step::Transpose { from, to } => {
-                                // SAFETY: between two barrier waits every thread reads all of
-                                // `from`, which nobody writes in this phase, and writes only its
-                                // own rows of `to`.
+                                // Between two barrier waits every thread reads all of `from`,
+                                // which nobody writes in this phase.
+                                // SAFETY: each thread writes only its own rows of `to`.
                                 let (dst, src) =
                                     unsafe { (shared[to].slice_mut(w.span()), shared[from].slice(0..n)) };
                                 w.transpose(dst, src);

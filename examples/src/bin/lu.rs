@@ -307,10 +307,10 @@ fn threads(s: &Size, n: usize) -> (f64, Vec<f64>) {
                                 let blk = |b: Option<usize>| b.map(|b| b * area..(b + 1) * area);
                                 let [s0, s1] = task.sources().map(blk);
                                 let t = task.target();
-                                // SAFETY: between two barrier waits each block is written only
-                                // by its owner, through one task at a time, and blocks that are
-                                // read in a step (diagonal, block row and column k) are written
-                                // by nobody in that step; the target is never a source.
+                                // Between two barrier waits each block is written only by its
+                                // owner, through one task at a time; blocks read in a step are
+                                // written by nobody in that step.
+                                // SAFETY: disjoint writers, and the target is never a source.
                                 let (a, s0, s1) = unsafe {
                                     (
                                         m.slice_mut(t * area..(t + 1) * area),

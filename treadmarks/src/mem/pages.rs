@@ -99,11 +99,11 @@ impl PageMemory for HeapPages {
             "HeapPages::page({p}): the application view of the page is ReadWrite; revoke write \
              access before reading it (page-sharing rule, bug in the caller)"
         );
-        // SAFETY: the range is one page of the runtime view, live while `self.0` is. The page is
-        // not writable in the application view, so the application thread cannot store to it
-        // without faulting first; the service thread (the only `HeapPages` user) writes it only
-        // through `page_mut`, which needs `&mut self`. (A write fault on a read-only page is
-        // resolved in the handler, though: see the module docs, "hazards".)
+        // The page is not writable in the application view, so the application thread cannot
+        // store to it without faulting first; the service thread (the only `HeapPages` user)
+        // writes it only through `page_mut`, which needs `&mut self`. (A write fault on a
+        // read-only page is resolved in the handler, though: see the module docs, "hazards".)
+        // SAFETY: one page of the runtime view, live while `self.0` is, not written meanwhile.
         unsafe { std::slice::from_raw_parts(self.0.runtime_page(i), self.0.page_size()) }
     }
 
@@ -117,10 +117,10 @@ impl PageMemory for HeapPages {
              caller)",
             state::to_access(s)
         );
-        // SAFETY: one page of the runtime view, live while `self.0` is. The application has no
-        // access (INVALID): any access faults and blocks in the slow path until the service
-        // thread changes the state, which it cannot do while this `&mut self` borrow lives.
-        // Only one `HeapPages` exists per heap (type docs), so no other slice aliases it.
+        // The application has no access (INVALID): any access faults and blocks in the slow path
+        // until the service thread changes the state, which it cannot do while this `&mut self`
+        // borrow lives. Only one `HeapPages` exists per heap (type docs).
+        // SAFETY: one page of the runtime view, live while `self.0` is; nothing else aliases it.
         unsafe { std::slice::from_raw_parts_mut(self.0.runtime_page(i), self.0.page_size()) }
     }
 
@@ -135,10 +135,10 @@ impl PageMemory for HeapPages {
     fn same_as_twin(&self, p: PageIdx) -> bool {
         let i = self.check(p);
         let ps = self.0.page_size();
-        // SAFETY: one page each of the runtime view and the twin area, both live while `self.0`
-        // is. The caller (the protocol core, at an interval's end) guarantees the application
-        // thread is inside a synchronization call, so nothing writes the page or its twin while
-        // these slices live (the handler writes a twin only when the application faults).
+        // The caller (the protocol core, at an interval's end) guarantees the application thread
+        // is inside a synchronization call, so nothing writes the page or its twin meanwhile (the
+        // handler writes a twin only when the application faults).
+        // SAFETY: a page each of the runtime view and twin area, live, not written meanwhile.
         let (page, twin) = unsafe {
             (
                 std::slice::from_raw_parts(self.0.runtime_page(i), ps),

@@ -149,11 +149,11 @@ impl BorrowTracker {
         let (start, end) = self.range(heap, h)?;
         self.enter(start, end, false)?;
         let ptr = heap.app_base().wrapping_add(start as usize) as *const T;
-        // SAFETY: `range` checked that `start..end` lies inside the mapped application view and is
-        // aligned for `T`; `T: Pod` makes any bytes a valid `T`; the tracker guarantees no live
-        // `ViewMut` overlaps, and the runtime changes these bytes only while the pages are
-        // inaccessible or the application is inside a synchronization call (module docs), so the
-        // referenced bytes do not change while the view lives.
+        // `range` checked that `start..end` lies inside the mapped application view and is aligned
+        // for `T`; `T: Pod` makes any bytes a valid `T`; the runtime changes these bytes only while
+        // the pages are inaccessible or the application is inside a synchronization call.
+        // SAFETY: in bounds, aligned, valid for `T`, no overlapping `ViewMut` (the tracker), and
+        // the bytes do not change while the view lives (module docs).
         let slice = unsafe { std::slice::from_raw_parts(ptr, h.len()) };
         Ok(View { slice, tracker: self, start, end })
     }
