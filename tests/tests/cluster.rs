@@ -103,3 +103,9 @@ fn a_node_that_dies_while_the_job_starts_stops_the_launcher_at_once() {
 fn a_fault_right_after_a_polled_reply_waits_for_its_own_resolution() {
     run("reply-then-fault", 2, 12).assert_pass("reply-then-fault");
 }
+
+#[test]
+fn diffs_are_served_correctly_while_the_owner_keeps_writing_the_page() {
+    run("serve-while-writing", 2, 13).assert_pass("serve-while-writing");
+    run("serve-while-writing", 3, 14).assert_pass("serve-while-writing");
+}

@@ -290,6 +290,53 @@ fn reply_then_fault(tmk: &mut Tmk) -> R {
     tmk.barrier(0)
 }
 
+/// The page-sharing rule on real processes: node 1 serves diffs of pages it keeps writing.
+/// Each page's first half (A) is written by node 1 before a barrier; after it node 1 rewrites
+/// the second halves (B) in a loop while node 0 reads A, so node 1 serves every diff of a page
+/// its application is writing at that moment. Node 0 must see A exactly; after a final barrier,
+/// everybody sees node 1's last B.
+fn serve_while_writing(tmk: &mut Tmk) -> R {
+    let (pages, rounds) = (64, 200);
+    let a = shared::<u64>(tmk, pages * 512)?;
+    let me = tmk.proc_id();
+    if me == 1 {
+        let mut v = tmk.view_mut(&a)?;
+        for p in 0..pages {
+            for w in 0..256 {
+                v[p * 512 + w] = (p * 1000 + w) as u64;
+            }
+        }
+    }
+    tmk.barrier(0)?;
+    if me == 1 {
+        for r in 1..=rounds as u64 {
+            let mut v = tmk.view_mut(&a)?;
+            for p in 0..pages {
+                for w in 256..512 {
+                    v[p * 512 + w] = r * 1_000_000 + (p * 1000 + w) as u64;
+                }
+            }
+        }
+    } else if me == 0 {
+        for p in 0..pages {
+            let v = tmk.view(&a.slice(p * 512, p * 512 + 256))?;
+            let bad = (0..256).find(|&w| v[w] != (p * 1000 + w) as u64);
+            check(bad.is_none(), || format!("page {p}: word {bad:?} is {}", v[bad.unwrap_or(0)]))?;
+        }
+    }
+    tmk.barrier(0)?;
+    let v = tmk.view(&a)?;
+    for p in 0..pages {
+        for w in 256..512 {
+            let want = rounds as u64 * 1_000_000 + (p * 1000 + w) as u64;
+            check(v[p * 512 + w] == want, || {
+                format!("page {p} word {w} is {}, want {want}", v[p * 512 + w])
+            })?;
+        }
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     // A node that dies before it meets the others (TMK_TEST_DIE_AT_STARTUP=<rank>).
     if let (Ok(rank), Ok(die)) = (std::env::var("TMK_RANK"), std::env::var("TMK_TEST_DIE_AT_STARTUP"))
@@ -309,6 +356,7 @@ fn main() -> ExitCode {
             "errors" => errors(&mut tmk),
             "gc-long" => gc_long(&mut tmk),
             "reply-then-fault" => reply_then_fault(&mut tmk),
+            "serve-while-writing" => serve_while_writing(&mut tmk),
             "gc-counter" => gc_counter(&mut tmk),
             "gc-base-copy" => gc_base_copy(&mut tmk),
             other => Err(Error::Failed(format!("unknown scenario {other:?}"))),
