@@ -8,8 +8,11 @@
 //!
 //! One file per concept: [`vtime`] (vector timestamps), [`interval`] (interval records and the
 //! log), [`diff`] (twin/page diffs), [`page`] (page state, lazy diffs, access misses), [`lock`]
-//! (distributed lock chain), [`barrier`] (centralized barrier manager), [`collective`]
-//! (allocation, distribute, exit), [`msg`] (wire messages), [`node`] (the state machine).
+//! (distributed lock chain, diffs piggybacked on grants), [`barrier`] (centralized barrier
+//! manager), [`gc`] (collection of consistency data at barriers), [`collective`] (allocation,
+//! distribute, exit), [`msg`] (wire messages), [`node`] (the state machine), [`alloc`] (node 0's
+//! heap allocator), [`stats`] (counters). Readable message-by-message scenarios live in
+//! `scenarios.rs`.
 #![forbid(unsafe_code)]
 
 pub mod alloc;
