@@ -42,6 +42,8 @@ pub struct Stats {
     pub lock_wait: Duration,
     pub barrier_wait: Duration,
     pub miss_wait: Duration,
+    /// Time the application spent in view validations (batched fetches of a view's pages).
+    pub view_wait: Duration,
     /// Time spent in collections (from a collecting barrier's release to the end of collection).
     pub gc_time: Duration,
     /// Consistency data held when the statistics were taken, in bytes.
@@ -86,7 +88,7 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let p = &self.protocol;
         let sent = self.sent();
-        let fields: [(&str, f64); 22] = [
+        let fields: [(&str, f64); 23] = [
             ("node", f64::from(self.node.0)),
             ("nprocs", f64::from(self.nprocs)),
             ("msgs_sent", sent.msgs as f64),
@@ -106,6 +108,7 @@ impl Stats {
             ("lock_wait_ms", ms(self.lock_wait)),
             ("barrier_wait_ms", ms(self.barrier_wait)),
             ("miss_wait_ms", ms(self.miss_wait)),
+            ("view_wait_ms", ms(self.view_wait)),
             ("gc_time_ms", ms(self.gc_time)),
             ("peak_consistency_bytes", p.peak_consistency_bytes as f64),
             ("pages_fetched_whole", p.page_requests_sent as f64),
@@ -144,13 +147,14 @@ impl fmt::Display for Stats {
         )?;
         writeln!(
             f,
-            "  locks: {} local, {} remote, wait {:.3} ms   barriers: {}, wait {:.3} ms   miss wait {:.3} ms",
+            "  locks: {} local, {} remote, wait {:.3} ms   barriers: {}, wait {:.3} ms   miss wait {:.3} ms   view wait {:.3} ms",
             p.lock_acquires_local,
             p.lock_acquires_remote,
             ms(self.lock_wait),
             p.barriers,
             ms(self.barrier_wait),
-            ms(self.miss_wait)
+            ms(self.miss_wait),
+            ms(self.view_wait)
         )?;
         writeln!(
             f,

@@ -50,6 +50,8 @@ pub struct Tmk {
     borrows: BorrowTracker,
     lock_wait: Duration,
     barrier_wait: Duration,
+    /// Time spent validating views (views take `&self`, hence the cell).
+    view_wait: std::cell::Cell<Duration>,
     exited: bool,
     /// Locks this node holds (releases are checked here, since they do not wait for a reply).
     held: Vec<u32>,
@@ -136,6 +138,7 @@ impl Tmk {
             borrows: BorrowTracker::default(),
             lock_wait: Duration::ZERO,
             barrier_wait: Duration::ZERO,
+            view_wait: std::cell::Cell::new(Duration::ZERO),
             exited: false,
             held: Vec::new(),
             nlocks: config.nlocks,
@@ -298,7 +301,13 @@ impl Tmk {
 
     fn validate<T>(&self, h: &Shared<[T]>) -> Result<()> {
         let invalid = self.heap.invalid_pages(h.offset(), (h.len() * size_of::<T>()) as u64);
-        if invalid.is_empty() { Ok(()) } else { self.engine.validate(invalid) }
+        if invalid.is_empty() {
+            return Ok(());
+        }
+        let t = Instant::now();
+        let r = self.engine.validate(invalid);
+        self.view_wait.set(self.view_wait.get() + t.elapsed());
+        r
     }
 
     /// Reads a shared value.
@@ -324,6 +333,7 @@ impl Tmk {
             Reply::Stats(mut s) => {
                 s.lock_wait = self.lock_wait;
                 s.barrier_wait = self.barrier_wait;
+                s.view_wait = self.view_wait.get();
                 Ok(*s)
             }
             other => unreachable!("stats answered with {other:?}"),

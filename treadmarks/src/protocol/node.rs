@@ -94,6 +94,8 @@ pub struct Node<M> {
     pub(crate) pending: Pending,
     /// Access misses in flight (the application's, or a collection's validations).
     pub(crate) misses: BTreeMap<PageIdx, Miss>,
+    /// Pages of the validation in progress that are up to date, to be made readable together.
+    pub(crate) validated: Vec<PageIdx>,
     pub(crate) acct: Accounting,
     pub(crate) gc: Option<GcRound>,
     /// Manager only: who has sent `GcDone` in this collection.
@@ -133,6 +135,7 @@ impl<M: PageMemory> Node<M> {
             exit_arrived: vec![false; n],
             pending: Pending::None,
             misses: BTreeMap::new(),
+            validated: Vec::new(),
             acct: Accounting::default(),
             gc: None,
             gc_done: vec![false; n],
@@ -249,7 +252,7 @@ impl<M: PageMemory> Node<M> {
                 for a in &asks {
                     self.check_page(from, a.page)?;
                 }
-                let pages = asks.iter().map(|a| self.serve_diffs(a.page, a.want, a.after_seq)).collect();
+                let pages = self.serve_diff_request(&asks);
                 self.outbox.push_back((from, Message::DiffReply { pages }));
                 Ok(())
             }

@@ -136,27 +136,39 @@ impl<M: PageMemory> Node<M> {
     /// renewed twin is noticed at the interval's end only if the page changed (see
     /// [`Node::close_interval`]).
     pub(crate) fn cut_twin(&mut self, p: PageIdx, then: Access) {
-        let Some(first) = self.pages[p.idx()].twin.take() else { return };
+        if self.pages[p.idx()].twin.is_none() {
+            return;
+        }
         let was_writable = self.mem.access(p) == Access::ReadWrite;
-        let hot = then == Access::Read && was_writable && first >= self.vt.get(self.me);
-        self.pages[p.idx()].renewed = false;
-        self.twinned.remove(&p);
         if self.mem.access(p) != Access::None {
             self.mem.set_access(p, 1, Access::None);
         }
+        let end = self.cut_revoked(p, then, was_writable);
+        if end != Access::None {
+            self.mem.set_access(p, 1, end);
+        }
+    }
+
+    /// [`Node::cut_twin`] on a page already revoked (`Access::None`), leaving its final
+    /// protection to the caller, which may set many pages' in runs: returns it.
+    fn cut_revoked(&mut self, p: PageIdx, then: Access, was_writable: bool) -> Access {
+        let Some(first) = self.pages[p.idx()].twin.take() else { return then };
+        let hot = then == Access::Read && was_writable && first >= self.vt.get(self.me);
+        self.pages[p.idx()].renewed = false;
+        self.twinned.remove(&p);
         let diff = Diff::make(self.mem.twin(p), self.mem.page(p));
-        if hot {
+        let end = if hot {
             self.mem.make_twin(p);
-            self.mem.set_access(p, 1, Access::ReadWrite);
             self.pages[p.idx()].twin = Some(self.open_interval());
             self.pages[p.idx()].renewed = true;
             self.twinned.insert(p);
             self.stats.twins_renewed += 1;
-        } else if then != Access::None {
-            self.mem.set_access(p, 1, then);
-        }
+            Access::ReadWrite
+        } else {
+            then
+        };
         if diff.is_empty() {
-            return;
+            return end;
         }
         let first_vt = match self.log.get(self.me, first) {
             Some(rec) => rec.vt.clone(),
@@ -167,6 +179,34 @@ impl<M: PageMemory> Node<M> {
         self.stats.diffs_created += 1;
         self.stats.diff_bytes_created += diff.encoded_len() as u64;
         self.pages[p.idx()].diffs.push(OwnDiff { seq: self.diff_seq, first, first_vt, diff });
+        end
+    }
+
+    /// Serves a diff request for many pages: cuts every twin the requester needs with one
+    /// protection change per run of pages (revoke all, diff, then restore), instead of two or
+    /// three per page, then answers page by page.
+    pub(crate) fn serve_diff_request(&mut self, asks: &[DiffAsk]) -> Vec<PageDiffs> {
+        let closed = self.vt.get(self.me);
+        let mut cut: Vec<(PageIdx, bool)> = asks
+            .iter()
+            .filter(|a| self.pages[a.page.idx()].twin.is_some_and(|first| first <= a.want.min(closed)))
+            .map(|a| (a.page, self.mem.access(a.page) == Access::ReadWrite))
+            .collect();
+        cut.sort_unstable();
+        cut.dedup_by_key(|c| c.0);
+        let revoke: Vec<PageIdx> =
+            cut.iter().map(|c| c.0).filter(|&p| self.mem.access(p) != Access::None).collect();
+        self.set_access_in_runs(revoke, Access::None);
+        let (mut writable, mut readable) = (Vec::new(), Vec::new());
+        for (p, was_writable) in cut {
+            match self.cut_revoked(p, Access::Read, was_writable) {
+                Access::ReadWrite => writable.push(p),
+                _ => readable.push(p),
+            }
+        }
+        self.set_access_in_runs(writable, Access::ReadWrite);
+        self.set_access_in_runs(readable, Access::Read);
+        asks.iter().map(|a| self.serve_diffs(a.page, a.want, a.after_seq)).collect()
     }
 
     /// A fault on page `p`. `write` is true if the fault is known to be a write.
@@ -407,6 +447,9 @@ impl<M: PageMemory> Node<M> {
         debug_assert!(!self.pages[p.idx()].is_stale(), "{p} still stale after its miss");
         if miss.write {
             self.make_twin(p);
+        } else if miss.purpose == MissFor::Validate {
+            // Made readable with the rest of the validation, in runs.
+            self.validated.push(p);
         } else {
             self.mem.set_access(p, 1, Access::Read);
         }
@@ -422,6 +465,9 @@ impl<M: PageMemory> Node<M> {
                 };
                 *left -= 1;
                 if *left == 0 {
+                    let mut pages = std::mem::take(&mut self.validated);
+                    pages.sort_unstable();
+                    self.set_access_in_runs(pages, Access::Read);
                     self.pending = Pending::None;
                     self.done.push_back(AppDone::Validated);
                 }
