@@ -358,22 +358,30 @@ impl<M: PageMemory> Node<M> {
         let mut diffs = d.diffs;
         diffs.sort_by_key(|w| w.seq);
         for w in &diffs {
-            let st = self.pages[p.idx()].writer(from, nprocs, &mut self.acct.writer_tables);
-            if w.seq <= st.applied_seq {
-                continue;
-            }
-            st.applied_seq = w.seq;
-            w.diff.apply(self.mem.page_mut(p)).map_err(|source| ProtocolError::BadDiff {
-                from,
-                page: p,
-                source,
-            })?;
-            self.stats.diffs_applied += 1;
-            self.stats.diff_bytes_applied += w.diff.encoded_len() as u64;
+            self.apply_diff(p, from, w)?;
         }
         let st = self.pages[p.idx()].writer(from, nprocs, &mut self.acct.writer_tables);
         st.applied = st.noticed;
         self.mem.set_access(p, 1, Access::Read);
+        Ok(())
+    }
+
+    /// Applies one of `from`'s diffs to invalid page `p`, unless it was applied before (a writer's
+    /// diffs of a page are numbered in order, so a diff is never applied twice).
+    fn apply_diff(&mut self, p: PageIdx, from: NodeId, d: &DiffWire) -> Result<(), ProtocolError> {
+        let nprocs = self.nprocs();
+        let st = self.pages[p.idx()].writer(from, nprocs, &mut self.acct.writer_tables);
+        if d.seq <= st.applied_seq {
+            return Ok(());
+        }
+        st.applied_seq = d.seq;
+        d.diff.apply(self.mem.page_mut(p)).map_err(|source| ProtocolError::BadDiff {
+            from,
+            page: p,
+            source,
+        })?;
+        self.stats.diffs_applied += 1;
+        self.stats.diff_bytes_applied += d.diff.encoded_len() as u64;
         Ok(())
     }
 
@@ -427,18 +435,7 @@ impl<M: PageMemory> Node<M> {
         miss.diffs.sort_by_key(|(n, d)| (d.first_vt.sum(), *n, d.seq));
         let nprocs = self.nprocs();
         for (n, d) in &miss.diffs {
-            let w = self.pages[p.idx()].writer(*n, nprocs, &mut self.acct.writer_tables);
-            if d.seq <= w.applied_seq {
-                continue;
-            }
-            w.applied_seq = d.seq;
-            d.diff.apply(self.mem.page_mut(p)).map_err(|source| ProtocolError::BadDiff {
-                from: *n,
-                page: p,
-                source,
-            })?;
-            self.stats.diffs_applied += 1;
-            self.stats.diff_bytes_applied += d.diff.encoded_len() as u64;
+            self.apply_diff(p, *n, d)?;
         }
         for (n, want, _) in &miss.asked {
             let w = self.pages[p.idx()].writer(*n, nprocs, &mut self.acct.writer_tables);
