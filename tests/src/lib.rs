@@ -87,3 +87,23 @@ pub fn heap_base(slot: u64) -> String {
     let base = 0x5000_0000_0000u64 + ((std::process::id() as u64 % 256) * 64 + slot % 64) * (1 << 31);
     format!("{base:#x}")
 }
+
+/// Checks one example application in every mode: DSM on 1 to 4 nodes (3 catches partitioning
+/// off-by-ones), then threads on `threads` threads, then seq; each run passes `args`, uses heap
+/// slot `slot0 + k` for its `k`-th run, and must print `PASS` and exit 0.
+pub fn check_app_modes(exe: &str, slot0: u64, threads: usize, args: &[&str]) {
+    let runs = [("dsm", 1), ("dsm", 2), ("dsm", 3), ("dsm", 4), ("threads", threads), ("seq", 1)];
+    for (k, (mode, nprocs)) in runs.into_iter().enumerate() {
+        let mut cmd = Command::new(exe);
+        cmd.args(["-n", &nprocs.to_string(), "--mode", mode])
+            .args(args)
+            .env("TMK_HEAP_SIZE", "256MiB")
+            .env("TMK_HEAP_BASE", heap_base(slot0 + k as u64))
+            .env("TMK_CONNECT_TIMEOUT", "20");
+        let out = Job::spawn(cmd).wait(Duration::from_secs(120));
+        assert!(
+            out.code == Some(0) && out.stdout.contains("PASS"),
+            "{exe} --mode {mode} -n {nprocs} {args:?} failed: {out:#?}"
+        );
+    }
+}
