@@ -49,11 +49,15 @@ impl Accounting {
 }
 
 /// A collection in progress on this node.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct GcRound {
     pub barrier: BarrierId,
     /// Pages still being validated.
     pub validating: usize,
+    /// Every page named by an interval record since the last collection: the only pages that
+    /// can hold write-notice tables or diffs (tables come from incoming records and the diffs
+    /// fetched for them; our diffs from twins whose interval was recorded).
+    pub pages: Vec<PageIdx>,
 }
 
 impl<M: PageMemory> Node<M> {
@@ -119,7 +123,7 @@ impl<M: PageMemory> Node<M> {
                 e.1 |= rec.node == self.me;
             }
         }
-        self.gc = Some(GcRound { barrier, validating: 0 });
+        self.gc = Some(GcRound { barrier, validating: 0, pages: writers.keys().copied().collect() });
         let mut validate = Vec::new();
         for (p, (first_writer, we_wrote)) in writers {
             if !self.pages[p.idx()].is_stale() {
@@ -163,14 +167,16 @@ impl<M: PageMemory> Node<M> {
 
     /// Step 4: everybody has validated; drop records, notices, diffs and twins.
     pub(crate) fn handle_gc_release(&mut self, from: NodeId) -> Result<(), ProtocolError> {
-        let round = match (&self.gc, &self.pending) {
-            (Some(round), Pending::Barrier(b))
-                if from == NodeId(0) && round.barrier == *b && round.validating == 0 =>
-            {
-                round.clone()
+        let ok = match (&self.gc, &self.pending) {
+            (Some(round), Pending::Barrier(b)) => {
+                from == NodeId(0) && round.barrier == *b && round.validating == 0
             }
-            _ => return Err(ProtocolError::Unexpected { from, what: "gc release".into() }),
+            _ => false,
         };
+        if !ok {
+            return Err(ProtocolError::Unexpected { from, what: "gc release".into() });
+        }
+        let round = self.gc.take().expect("checked above");
         let before = self.consistency_bytes();
         self.log.collect(&self.vt);
         let twinned = std::mem::take(&mut self.twinned);
@@ -179,15 +185,16 @@ impl<M: PageMemory> Node<M> {
             self.pages[p.idx()].renewed = false;
         }
         self.set_access_in_runs(twinned, Access::Read);
-        for meta in &mut self.pages {
+        for p in &round.pages {
+            let meta = &mut self.pages[p.idx()];
             meta.writers = Vec::new();
             meta.diffs = Vec::new();
         }
+        debug_assert!(self.pages.iter().all(|m| m.writers.is_empty() && m.diffs.is_empty()));
         self.acct = Accounting::default();
         self.sent_to_manager = self.vt.get(self.me);
         self.stats.collections += 1;
         self.stats.gc_bytes_reclaimed += before.saturating_sub(self.consistency_bytes());
-        self.gc = None;
         self.gc_force = false;
         self.gc_warned = false;
         self.finish_barrier(round.barrier);
