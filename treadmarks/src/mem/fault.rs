@@ -213,7 +213,8 @@ unsafe fn handle_in_context(
                 return Outcome::Retry;
             }
             _ => {
-                // INVALID: needs the service thread (and maybe the network).
+                // INVALID, or FROZEN (a write while the twin is cut): needs the service thread
+                // (and maybe the network).
                 AtomicCounters::bump(&counters.handoffs);
                 ctx.doorbell.hand_off_fault(page, kind);
                 return Outcome::Retry;
@@ -251,6 +252,7 @@ fn fast_write(heap: &Heap, page: u32, addr: usize) {
 /// code's present bit (x86_64) to tell a write-protect fault (page mapped) from a minor fault
 /// (page not mapped in the application view):
 /// - `INVALID`: a miss. Hand it to the service thread exactly as on the mprotect backend.
+/// - `FROZEN`: a write while the service thread cuts the page's twin: handed off the same way.
 /// - `READ_ONLY`, page mapped: a write-protect fault, so a write. Fast path: twin, clear WP.
 /// - `READ_ONLY`, not mapped (a valid page whose memfd page the runtime view touched first, so
 ///   the kernel raised a minor fault): a write twins and maps it writable at once; a read maps
@@ -283,7 +285,8 @@ fn handle_uffd(
                 unsafe { libc::sched_yield() };
                 return Outcome::Retry;
             }
-            state::INVALID => {
+            state::INVALID | state::FROZEN => {
+                // FROZEN: a write while the service thread cuts the twin; it waits like a miss.
                 // Hazard "a fault racing an invalidation": the state is read after the fault,
                 // so a page invalidated (MADV_DONTNEED) between the access and here is handed
                 // off like any miss; the service thread tolerates a hand-off for a page that is

@@ -402,7 +402,8 @@ impl Heap {
     ///     view. The memfd keeps the data; the runtime view still reads and writes it.
     ///   - `INVALID` to valid: `UFFDIO_CONTINUE`, in write-protect mode for `READ_ONLY` (no
     ///     writable window before a twin exists).
-    ///   - `READ_ONLY` and `READ_WRITE` between themselves: `UFFDIO_WRITEPROTECT` set or clear.
+    ///   - between `READ_ONLY`, `FROZEN` and `READ_WRITE`: `UFFDIO_WRITEPROTECT` set or clear
+    ///     (nothing between `READ_ONLY` and `FROZEN`, both write-protected).
     pub(super) fn change_run(
         &self,
         first: u32,
@@ -423,8 +424,10 @@ impl Heap {
         );
         let start = self.app.as_ptr() as usize + first as usize * self.page_size;
         let len = count as usize * self.page_size;
+        let write_protected = |s: u8| s == state::READ_ONLY || s == state::FROZEN;
         match (old, new) {
             _ if old == new => Ok(()),
+            _ if write_protected(old) && write_protected(new) => Ok(()),
             (_, state::INVALID) => {
                 let pages = first as usize..(first + count) as usize;
                 if !self.allocated[pages.clone()].iter().all(|a| a.load(Ordering::Relaxed)) {
@@ -445,12 +448,12 @@ impl Heap {
                 Ok(())
             }
             (state::INVALID, _) => uffd
-                .continue_range(start, len, new == state::READ_ONLY, self.page_size)
+                .continue_range(start, len, new != state::READ_WRITE, self.page_size)
                 .map(drop)
                 .map_err(|e| ("UFFDIO_CONTINUE", e)),
-            (_, _) => {
-                uffd.writeprotect(start, len, new == state::READ_ONLY).map_err(|e| ("UFFDIO_WRITEPROTECT", e))
-            }
+            (_, _) => uffd
+                .writeprotect(start, len, new != state::READ_WRITE)
+                .map_err(|e| ("UFFDIO_WRITEPROTECT", e)),
         }
     }
 }

@@ -25,34 +25,21 @@ impl HeapPages {
         assert!(p.0 < self.0.npages(), "{p} out of range: the heap has {} pages", self.0.npages());
         p.0
     }
-}
 
-impl PageMemory for HeapPages {
-    fn page_size(&self) -> usize {
-        self.0.page_size()
-    }
-
-    fn npages(&self) -> u32 {
-        self.0.npages()
-    }
-
-    fn access(&self, p: PageIdx) -> Access {
-        let p = self.check(p);
-        state::to_access(state::load_stable(self.0.state(p)))
-    }
-
-    fn set_access(&mut self, first: PageIdx, count: u32, access: Access) {
+    /// Moves pages `first .. first + count` to stable state `new`, changing the application
+    /// view's protection to match.
+    fn set_state(&mut self, first: PageIdx, count: u32, new: u8) {
         let heap = &*self.0;
         let end = u64::from(first.0) + u64::from(count);
         assert!(
             end <= u64::from(heap.npages()),
-            "set_access({first}, {count}, {access:?}) out of range: the heap has {} pages",
+            "set_state({first}, {count}, {}) out of range: the heap has {} pages",
+            state::name(new),
             heap.npages()
         );
         if count == 0 {
             return;
         }
-        let new = state::from_access(access);
         // Take every page of the run (the handler holds BUSY only briefly and never waits on us).
         let old: Vec<u8> = (first.0..first.0 + count).map(|p| state::acquire_busy(heap.state(p))).collect();
         AtomicCounters::bump(&heap.counters.protect_calls);
@@ -72,7 +59,7 @@ impl PageMemory for HeapPages {
                     heap.state(first.0 + k as u32).store(*s, Ordering::Release);
                 }
                 panic!(
-                    "{op} of pages {}..{} ({} bytes at {:p}, {} backend) to {access:?} failed: {} \
+                    "{op} of pages {}..{} ({} bytes at {:p}, {} backend) to {} failed: {} \
                      (errno {errno}); ENOMEM from mprotect usually means the heap is split into \
                      more differently-protected runs than vm.max_map_count allows (raise it with \
                      `sysctl vm.max_map_count=...`, or use TMK_FAULTS=uffd)",
@@ -81,6 +68,7 @@ impl PageMemory for HeapPages {
                     (j - i) * heap.page_size(),
                     heap.app_page(sub_first),
                     heap.backend().name(),
+                    state::name(new),
                     std::io::Error::from_raw_os_error(errno),
                 );
             }
@@ -89,6 +77,29 @@ impl PageMemory for HeapPages {
         for p in first.0..first.0 + count {
             heap.state(p).store(new, Ordering::Release);
         }
+    }
+}
+
+impl PageMemory for HeapPages {
+    fn page_size(&self) -> usize {
+        self.0.page_size()
+    }
+
+    fn npages(&self) -> u32 {
+        self.0.npages()
+    }
+
+    fn access(&self, p: PageIdx) -> Access {
+        let p = self.check(p);
+        state::to_access(state::load_stable(self.0.state(p)))
+    }
+
+    fn set_access(&mut self, first: PageIdx, count: u32, access: Access) {
+        self.set_state(first, count, state::from_access(access));
+    }
+
+    fn freeze(&mut self, first: PageIdx, count: u32) {
+        self.set_state(first, count, state::FROZEN);
     }
 
     fn page(&self, p: PageIdx) -> &[u8] {
@@ -112,10 +123,10 @@ impl PageMemory for HeapPages {
         let s = state::load_stable(self.0.state(i));
         assert!(
             s == state::INVALID,
-            "HeapPages::page_mut({p}): the application view of the page is {:?}; the runtime may \
+            "HeapPages::page_mut({p}): the application view of the page is {}; the runtime may \
              write a page only while the application has no access (page-sharing rule, bug in the \
              caller)",
-            state::to_access(s)
+            state::name(s)
         );
         // The application has no access (INVALID): any access faults and blocks in the slow path
         // until the service thread changes the state, which it cannot do while this `&mut self`

@@ -5,6 +5,7 @@
 //! | `INVALID`    | `PROT_NONE`         | any access faults and is handed to the service thread |
 //! | `READ_ONLY`  | `PROT_READ`         | valid; a write faults and is twinned in the handler   |
 //! | `READ_WRITE` | `PROT_READ|WRITE`   | valid and writable; has a twin (or the job has 1 node) |
+//! | `FROZEN`     | `PROT_READ`         | valid, its twin being cut: reads go on, a write is handed to the service thread like a miss |
 //! | `BUSY`       | in transition       | one owner is changing protection or copying the page  |
 //!
 //! Transitions: only the owner of `BUSY` (whoever CASed a stable value to it) may store the next
@@ -25,6 +26,10 @@ pub(super) const READ_ONLY: u8 = 1;
 pub(super) const READ_WRITE: u8 = 2;
 /// A transition is in progress; only its owner may finish it.
 pub(super) const BUSY: u8 = 3;
+/// `PROT_READ` (write-protected on userfaultfd) while the service thread cuts the page's twin:
+/// the application may read it, and a write waits in the slow path until the cut is done.
+/// Reported to the protocol core as [`Access::None`].
+pub(super) const FROZEN: u8 = 4;
 
 /// The stable state for an [`Access`].
 pub(super) fn from_access(access: Access) -> u8 {
@@ -38,10 +43,22 @@ pub(super) fn from_access(access: Access) -> u8 {
 /// The [`Access`] of a stable state. Panics on `BUSY` or garbage (a bug in this module).
 pub(super) fn to_access(state: u8) -> Access {
     match state {
-        INVALID => Access::None,
+        INVALID | FROZEN => Access::None,
         READ_ONLY => Access::Read,
         READ_WRITE => Access::ReadWrite,
         other => panic!("page state {other} has no Access (bug in treadmarks::mem)"),
+    }
+}
+
+/// The name of a state, for messages.
+pub(super) fn name(state: u8) -> &'static str {
+    match state {
+        INVALID => "INVALID",
+        READ_ONLY => "READ_ONLY",
+        READ_WRITE => "READ_WRITE",
+        BUSY => "BUSY",
+        FROZEN => "FROZEN",
+        _ => "corrupt",
     }
 }
 
@@ -49,7 +66,7 @@ pub(super) fn to_access(state: u8) -> Access {
 pub(super) fn prot(state: u8) -> libc::c_int {
     match state {
         INVALID => libc::PROT_NONE,
-        READ_ONLY => libc::PROT_READ,
+        READ_ONLY | FROZEN => libc::PROT_READ,
         READ_WRITE => libc::PROT_READ | libc::PROT_WRITE,
         other => panic!("page state {other} has no protection (bug in treadmarks::mem)"),
     }

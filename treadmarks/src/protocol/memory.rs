@@ -37,6 +37,12 @@ pub trait PageMemory {
     fn access(&self, p: PageIdx) -> Access;
     /// Sets the protection of pages `first .. first + count`.
     fn set_access(&mut self, first: PageIdx, count: u32, access: Access);
+    /// Takes write access from valid pages `first .. first + count` while their twins are cut:
+    /// the application may still read them, and a write waits for the runtime, as on an invalid
+    /// page, until the next [`PageMemory::set_access`]. [`PageMemory::access`] reports `None`
+    /// meanwhile (for the page-sharing rule, the page is not writable), but the runtime must not
+    /// write it ([`PageMemory::page_mut`]): the application can read it.
+    fn freeze(&mut self, first: PageIdx, count: u32);
     /// The bytes of page `p`. Requires `access(p) != ReadWrite`.
     fn page(&self, p: PageIdx) -> &[u8];
     /// The bytes of page `p`, writable. Requires `access(p) == None`.
@@ -103,6 +109,12 @@ impl PageMemory for VecMemory {
         for a in &mut self.access[first.idx()..first.idx() + count as usize] {
             *a = access;
         }
+    }
+
+    fn freeze(&mut self, first: PageIdx, count: u32) {
+        // The simulated application never runs in the middle of a protocol step, so a frozen
+        // page may as well be invalid.
+        self.set_access(first, count, Access::None);
     }
 
     fn page(&self, p: PageIdx) -> &[u8] {

@@ -444,19 +444,28 @@ impl<M: PageMemory> Node<M> {
 
     /// Sets the protection of `pages` (ascending), one call per run of consecutive pages.
     pub(crate) fn set_access_in_runs(&mut self, pages: impl IntoIterator<Item = PageIdx>, access: Access) {
+        self.in_runs(pages, |mem, first, count| mem.set_access(first, count, access));
+    }
+
+    /// [`PageMemory::freeze`] on `pages` (ascending), one call per run of consecutive pages.
+    pub(crate) fn freeze_in_runs(&mut self, pages: impl IntoIterator<Item = PageIdx>) {
+        self.in_runs(pages, |mem, first, count| mem.freeze(first, count));
+    }
+
+    fn in_runs(&mut self, pages: impl IntoIterator<Item = PageIdx>, mut f: impl FnMut(&mut M, PageIdx, u32)) {
         let mut run: Option<(PageIdx, u32)> = None;
         for p in pages {
             run = match run {
                 Some((first, count)) if first.0 + count == p.0 => Some((first, count + 1)),
                 Some((first, count)) => {
-                    self.mem.set_access(first, count, access);
+                    f(&mut self.mem, first, count);
                     Some((p, 1))
                 }
                 None => Some((p, 1)),
             };
         }
         if let Some((first, count)) = run {
-            self.mem.set_access(first, count, access);
+            f(&mut self.mem, first, count);
         }
     }
 }

@@ -183,8 +183,10 @@ impl<M: PageMemory> Node<M> {
     }
 
     /// Serves a diff request for many pages: cuts every twin the requester needs with one
-    /// protection change per run of pages (revoke all, diff, then restore), instead of two or
-    /// three per page, then answers page by page.
+    /// protection change per run of pages (freeze, diff, then restore), instead of two or three
+    /// per page, then answers page by page. Freezing takes only write access, so the application
+    /// keeps reading the pages meanwhile; a write waits until the cut is done, which is what the
+    /// page-sharing rule of [`Node::cut_twin`] needs.
     pub(crate) fn serve_diff_request(&mut self, asks: &[DiffAsk]) -> Vec<PageDiffs> {
         let closed = self.vt.get(self.me);
         let mut cut: Vec<(PageIdx, bool)> = asks
@@ -196,7 +198,7 @@ impl<M: PageMemory> Node<M> {
         cut.dedup_by_key(|c| c.0);
         let revoke: Vec<PageIdx> =
             cut.iter().map(|c| c.0).filter(|&p| self.mem.access(p) != Access::None).collect();
-        self.set_access_in_runs(revoke, Access::None);
+        self.freeze_in_runs(revoke);
         let (mut writable, mut readable) = (Vec::new(), Vec::new());
         for (p, was_writable) in cut {
             match self.cut_revoked(p, Access::Read, was_writable) {

@@ -108,9 +108,27 @@ fn page_sharing_rule_on(backend: FaultBackend, slot: usize) {
     let msg = panic_message(catch_unwind(AssertUnwindSafe(|| {
         pages.page_mut(PageIdx(2));
     })));
-    assert!(msg.contains("page_mut(page 2)") && msg.contains("Read"), "{msg}");
+    assert!(msg.contains("page_mut(page 2)") && msg.contains("READ_ONLY"), "{msg}");
     let msg = panic_message(catch_unwind(AssertUnwindSafe(|| pages.set_access(PageIdx(7), 2, Access::None))));
     assert!(msg.contains("out of range"), "{msg}");
+
+    // A frozen page (its twin being cut): reported as no access, readable by the runtime and
+    // the application, never written by the runtime.
+    pages.set_access(PageIdx(2), 1, Access::None);
+    pages.set_access(PageIdx(2), 1, Access::ReadWrite); // mapped (UFFDIO_CONTINUE) and writable
+    pages.freeze(PageIdx(2), 1);
+    assert_eq!(pages.access(PageIdx(2)), Access::None);
+    let msg = panic_message(catch_unwind(AssertUnwindSafe(|| {
+        pages.page_mut(PageIdx(2));
+    })));
+    assert!(msg.contains("page_mut(page 2)") && msg.contains("FROZEN"), "{msg}");
+    pages.make_twin(PageIdx(2));
+    assert_eq!(pages.page(PageIdx(2)), pages.twin(PageIdx(2)));
+    // SAFETY: a frozen page of the application view is readable.
+    let byte = unsafe { std::ptr::read_volatile(heap.app_base().add(2 * 4096 + 100)) };
+    assert_eq!(byte, 0, "a frozen page reads");
+    pages.set_access(PageIdx(2), 1, Access::Read);
+    assert_eq!(pages.access(PageIdx(2)), Access::Read);
 
     // Allowed uses: write an invalid page, twin it, read it back.
     pages.set_access(PageIdx(3), 1, Access::None);
@@ -123,7 +141,7 @@ fn page_sharing_rule_on(backend: FaultBackend, slot: usize) {
     // SAFETY: page 3 of the application view is readable now.
     let byte = unsafe { std::ptr::read_volatile(heap.app_base().add(3 * 4096 + 100)) };
     assert_eq!(byte, 0x5a, "the application view shows the runtime's write");
-    assert_eq!(heap.counters().protect_calls, 3);
+    assert_eq!(heap.counters().protect_calls, 7);
 }
 
 #[test]
