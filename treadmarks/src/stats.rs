@@ -88,14 +88,16 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let p = &self.protocol;
         let sent = self.sent();
-        let fields: [(&str, f64); 23] = [
+        let fields: [(&str, f64); 25] = [
             ("node", f64::from(self.node.0)),
             ("nprocs", f64::from(self.nprocs)),
             ("msgs_sent", sent.msgs as f64),
             ("bytes_sent", sent.bytes as f64),
             ("read_misses", p.read_misses as f64),
             ("write_faults", (p.write_faults + self.fast_write_faults) as f64),
-            ("twins", (p.twins + p.fast_twins) as f64),
+            ("twins", (p.twins + p.fast_twins + p.twins_ahead) as f64),
+            ("twins_ahead", p.twins_ahead as f64),
+            ("twins_renewed", p.twins_renewed as f64),
             ("diffs_created", p.diffs_created as f64),
             ("diff_bytes_created", p.diff_bytes_created as f64),
             ("diffs_applied", p.diffs_applied as f64),
@@ -129,8 +131,10 @@ impl fmt::Display for Stats {
         )?;
         writeln!(
             f,
-            "  twins: {}   diffs created: {} ({} B)   diffs applied: {} ({} B)",
-            p.twins + p.fast_twins,
+            "  twins: {} ({} made ahead of writes, {} renewed)   diffs created: {} ({} B)   diffs applied: {} ({} B)",
+            p.twins + p.fast_twins + p.twins_ahead,
+            p.twins_ahead,
+            p.twins_renewed,
             p.diffs_created,
             p.diff_bytes_created,
             p.diffs_applied,

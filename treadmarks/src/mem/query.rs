@@ -9,6 +9,16 @@ impl Heap {
     /// read now (invalid in its view). A snapshot: only the runtime changes states, and it makes
     /// pages invalid only while the application is inside a synchronization call.
     pub fn invalid_pages(&self, offset: u64, len: u64) -> Vec<PageIdx> {
+        self.pages_with(offset, len, |a| a == Access::None)
+    }
+
+    /// Pages overlapping bytes `offset .. offset + len` that the application cannot write now
+    /// without a fault (invalid or read-only). A snapshot, as for [`Heap::invalid_pages`].
+    pub fn unwritable_pages(&self, offset: u64, len: u64) -> Vec<PageIdx> {
+        self.pages_with(offset, len, |a| a != Access::ReadWrite)
+    }
+
+    fn pages_with(&self, offset: u64, len: u64, keep: impl Fn(Access) -> bool) -> Vec<PageIdx> {
         if len == 0 {
             return Vec::new();
         }
@@ -16,7 +26,7 @@ impl Heap {
         let first = (offset / ps) as u32;
         let last = ((offset + len - 1) / ps).min(u64::from(self.npages()) - 1) as u32;
         (first..=last)
-            .filter(|&p| state::to_access(state::load_stable(self.state(p))) == Access::None)
+            .filter(|&p| keep(state::to_access(state::load_stable(self.state(p)))))
             .map(PageIdx)
             .collect()
     }

@@ -59,8 +59,12 @@ pub(crate) enum Pending {
     Acquire(LockId),
     Barrier(BarrierId),
     Fault,
-    /// Pages still to validate for [`Node::request_validate`].
-    Validate(usize),
+    /// Pages still to validate for [`Node::request_validate`], and the pages to twin ahead of
+    /// writes once they are valid.
+    Validate {
+        left: usize,
+        then_write: Vec<PageIdx>,
+    },
     Alloc,
     Free,
     Distribute(u64),

@@ -231,8 +231,12 @@ impl<M: PageMemory> Node<M> {
 
     /// The application is about to access `pages` (a view): brings every invalid one up to date
     /// at once — one request per writer for all of them, in parallel — instead of one fault and
-    /// one round trip per page. Completes with [`AppDone::Validated`].
-    pub fn request_validate(&mut self, pages: &[PageIdx]) -> Result<(), ProtocolError> {
+    /// one round trip per page. With `write`, it is about to write them too: every valid
+    /// read-only page then gets its twin now and is made writable in runs, instead of faulting
+    /// page by page. Such a twin is made ahead of any write, so it is noticed at the interval's
+    /// end only if the page changed (like a renewed twin). Completes with
+    /// [`AppDone::Validated`].
+    pub fn request_validate(&mut self, pages: &[PageIdx], write: bool) -> Result<(), ProtocolError> {
         self.begin("validate")?;
         for &p in pages {
             self.check_page(self.me, p)?;
@@ -242,15 +246,36 @@ impl<M: PageMemory> Node<M> {
             .copied()
             .filter(|&p| self.mem.access(p) == Access::None && !self.misses.contains_key(&p))
             .collect();
+        let then_write = if write { pages.to_vec() } else { Vec::new() };
         if invalid.is_empty() {
+            self.twin_ahead(&then_write);
             self.done.push_back(AppDone::Validated);
             return Ok(());
         }
         self.stats.read_misses += invalid.len() as u64;
         self.stats.validations += 1;
-        self.pending = Pending::Validate(invalid.len());
+        self.pending = Pending::Validate { left: invalid.len(), then_write };
         self.start_misses(&invalid, false, MissFor::Validate)?;
         self.deliver_local()
+    }
+
+    /// Twins every valid read-only page of `pages` (ascending) and makes them writable, in runs.
+    fn twin_ahead(&mut self, pages: &[PageIdx]) {
+        let open = self.open_interval();
+        let mut twinned = Vec::new();
+        for &p in pages {
+            if self.mem.access(p) != Access::Read {
+                continue;
+            }
+            self.mem.make_twin(p);
+            let meta = &mut self.pages[p.idx()];
+            meta.twin = Some(open);
+            meta.renewed = true;
+            self.twinned.insert(p);
+            twinned.push(p);
+        }
+        self.stats.twins_ahead += twinned.len() as u64;
+        self.set_access_in_runs(twinned, Access::ReadWrite);
     }
 
     /// Asks every writer with unapplied notices for its diffs of `pages` (one request per writer,
@@ -459,7 +484,7 @@ impl<M: PageMemory> Node<M> {
             }
             MissFor::Gc => self.gc_page_validated(),
             MissFor::Validate => {
-                let Pending::Validate(left) = &mut self.pending else {
+                let Pending::Validate { left, .. } = &mut self.pending else {
                     unreachable!("a validation miss outside request_validate")
                 };
                 *left -= 1;
@@ -467,7 +492,10 @@ impl<M: PageMemory> Node<M> {
                     let mut pages = std::mem::take(&mut self.validated);
                     pages.sort_unstable();
                     self.set_access_in_runs(pages, Access::Read);
-                    self.pending = Pending::None;
+                    let Pending::Validate { then_write, .. } = std::mem::take(&mut self.pending) else {
+                        unreachable!("checked above")
+                    };
+                    self.twin_ahead(&then_write);
                     self.done.push_back(AppDone::Validated);
                 }
             }

@@ -188,7 +188,7 @@ fn validating_a_view_asks_each_writer_once_for_all_its_pages() {
     }
     let before = net.kinds().len();
     let pages: Vec<PageIdx> = (0..4).map(PageIdx).collect();
-    net.nodes[0].request_validate(&pages).unwrap();
+    net.nodes[0].request_validate(&pages, false).unwrap();
     net.settle();
     assert_eq!(net.done(0), Some(AppDone::Validated));
     let sent = net.kinds()[before..].to_vec();

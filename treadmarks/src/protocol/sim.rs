@@ -261,7 +261,8 @@ impl Sim {
             Op::Validate(first, count) => {
                 sn.blocked = true;
                 let pages: Vec<PageIdx> = (first..first + count).map(PageIdx).collect();
-                self.core(i, |n| n.request_validate(&pages));
+                let write = self.rng.chance(50);
+                self.core(i, |n| n.request_validate(&pages, write));
             }
         }
     }
@@ -364,6 +365,7 @@ fn random_data_race_free_programs_read_sequentially_consistent_values() {
             totals.pages_dropped += s.pages_dropped;
             totals.page_requests_sent += s.page_requests_sent;
             totals.validations += s.validations;
+            totals.twins_ahead += s.twins_ahead;
             totals.diffs_piggybacked += s.diffs_piggybacked;
         }
     }
@@ -372,7 +374,10 @@ fn random_data_race_free_programs_read_sequentially_consistent_values() {
     assert!(totals.diffs_applied > 1000, "{totals:?}");
     assert!(totals.fast_twins > 1000 && totals.twins > 1000, "{totals:?}");
     assert!(totals.lock_acquires_remote > 1000 && totals.invalidations > 1000, "{totals:?}");
-    assert!(totals.validations > 500 && totals.diffs_piggybacked > 500, "{totals:?}");
+    assert!(
+        totals.validations > 500 && totals.diffs_piggybacked > 500 && totals.twins_ahead > 500,
+        "{totals:?}"
+    );
     assert!(
         totals.collections > 500 && totals.pages_dropped > 100 && totals.page_requests_sent > 100,
         "{totals:?}"

@@ -11,6 +11,8 @@ pub struct ProtocolStats {
     pub twins: u64,
     /// Twins renewed when a diff was served (the page stayed writable; no fault on its next write).
     pub twins_renewed: u64,
+    /// Twins made ahead of writes for a mutable view (no fault on its first write).
+    pub twins_ahead: u64,
     /// Twins made by the fault handler's fast path (reported through `handle_twin_made`).
     pub fast_twins: u64,
     /// Diffs created (lazily) and their encoded bytes.

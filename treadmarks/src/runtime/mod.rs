@@ -39,8 +39,12 @@ pub(crate) enum Command {
     Distribute(Option<Vec<u8>>),
     Exit,
     Ping(NodeId),
-    /// Bring these invalid pages up to date (a view is about to be used).
-    Validate(Vec<PageIdx>),
+    /// Bring these pages up to date (a view is about to be used); with `write`, twin them ahead
+    /// of the writes too.
+    Validate {
+        pages: Vec<PageIdx>,
+        write: bool,
+    },
     Stats,
     /// Stop the service thread (the application gave up on a failed job): flush what is
     /// queued, notably abort messages, then answer.
@@ -75,7 +79,7 @@ pub(crate) fn start(
         Command::Distribute(bytes) => node.request_distribute(bytes)?,
         Command::Exit => node.request_exit()?,
         Command::Ping(peer) => node.request_ping(peer)?,
-        Command::Validate(pages) => node.request_validate(&pages)?,
+        Command::Validate { pages, write } => node.request_validate(&pages, write)?,
         Command::Stats | Command::Shutdown => unreachable!("answered by the engine"),
     }
     Ok(None)
@@ -134,13 +138,15 @@ impl Engine {
     /// Brings `pages` up to date before a view of them is used. Needs no `&mut`: the
     /// application's views may be alive, and only invalid pages (which no view has touched since
     /// the last synchronization) change. A one-node job has no invalid pages.
-    pub fn validate(&self, pages: Vec<PageIdx>) -> Result<()> {
+    pub fn validate(&self, pages: Vec<PageIdx>, write: bool) -> Result<()> {
         match self {
             Engine::Local { .. } => Ok(()),
-            Engine::Remote { mailbox, .. } => match Self::call_remote(mailbox, Command::Validate(pages))? {
-                Reply::Done(AppDone::Validated) => Ok(()),
-                other => unreachable!("validate answered with {other:?}"),
-            },
+            Engine::Remote { mailbox, .. } => {
+                match Self::call_remote(mailbox, Command::Validate { pages, write })? {
+                    Reply::Done(AppDone::Validated) => Ok(()),
+                    other => unreachable!("validate answered with {other:?}"),
+                }
+            }
         }
     }
 
