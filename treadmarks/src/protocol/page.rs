@@ -36,6 +36,25 @@ use super::vtime::VectorTime;
 /// frame limit (about a page of data per page asked: ~1 MiB per reply with 4 KiB pages).
 pub const PAGES_PER_REQUEST: usize = 256;
 
+/// Pages in the first request of a batch to one node; each further request names twice as many,
+/// up to [`PAGES_PER_REQUEST`]. The first reply comes back (and is applied) while the writer still
+/// diffs the rest, instead of after the writer has diffed a whole large request.
+const FIRST_REQUEST_PAGES: usize = 32;
+
+/// `items` cut into requests of 32, 64, 128, then 256 pages.
+fn ramped<T>(mut items: &[T]) -> impl Iterator<Item = &[T]> {
+    let mut size = FIRST_REQUEST_PAGES;
+    std::iter::from_fn(move || {
+        if items.is_empty() {
+            return None;
+        }
+        let (chunk, rest) = items.split_at(size.min(items.len()));
+        items = rest;
+        size = (size * 2).min(PAGES_PER_REQUEST);
+        Some(chunk)
+    })
+}
+
 /// What we know about one writer of a page.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WriterState {
@@ -304,15 +323,16 @@ impl<M: PageMemory> Node<M> {
             self.misses.insert(p, Miss { write, purpose, asked, diffs: Vec::new(), base });
         }
         // One request per writer, split so that no reply can outgrow a frame (a page's diff is
-        // at most about a page).
+        // at most about a page), and ramped so that the writer's diffing, the transfer and our
+        // applying overlap.
         for (w, asks) in asks.into_iter().enumerate() {
-            for chunk in asks.chunks(PAGES_PER_REQUEST) {
+            for chunk in ramped(&asks) {
                 self.stats.diff_requests_sent += 1;
                 self.outbox.push_back((NodeId(w as u16), Message::DiffRequest { asks: chunk.to_vec() }));
             }
         }
         for (h, pages) in copies.into_iter().enumerate() {
-            for chunk in pages.chunks(PAGES_PER_REQUEST) {
+            for chunk in ramped(&pages) {
                 self.stats.page_requests_sent += chunk.len() as u64;
                 self.outbox.push_back((NodeId(h as u16), Message::PageRequest { pages: chunk.to_vec() }));
             }
