@@ -11,7 +11,7 @@
 //! | collect consistency data past | `TMK_GC_THRESHOLD` (`1MiB`, bytes) | | 64 MiB or a quarter of the heap, if less |
 //! | print statistics at exit | `TMK_STATS=1` (a table), `TMK_STATS=json` (one line) | | off |
 //! | bound on meeting the other nodes | `TMK_CONNECT_TIMEOUT` (seconds) | | 30 |
-//! | how long the application polls for a reply before it sleeps | `TMK_SPIN_US` (µs) | | 100 |
+//! | how long the application polls for a reply, or for a fault's resolution, before it sleeps | `TMK_SPIN_US` (µs) | | 100 |
 //! | real-time scheduling of the service thread (needs privilege; slower on the 2-vCPU VM we measured) | `TMK_SERVICE_RT=1` | | off |
 //! | fault backend | `TMK_FAULTS` (`auto`, `uffd`, `mprotect`) | | `auto`: userfaultfd if the kernel offers it |
 //!

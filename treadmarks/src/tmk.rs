@@ -113,6 +113,7 @@ impl Tmk {
                 Role::Member { .. } => (None, config.root.expect("validated: members know the root")),
             };
             let doorbell = Doorbell::new()?;
+            doorbell.set_spin(crate::runtime::spin_budget());
             let faults = FaultHandler::install(heap.clone(), doorbell.clone())?;
             let mesh_cfg = MeshConfig {
                 nprocs: n,

@@ -100,7 +100,7 @@
 //!   (runtime view) to its twin, make it writable (`mprotect`, or `UFFDIO_WRITEPROTECT` clearing
 //!   WP), mark it `READ_WRITE`, push it onto the ring ([`Heap::drain_fast_twins`]). No wake-up: the service thread drains the ring before each
 //!   protocol step.
-//! - **Slow path**: an access to an `INVALID` page stores `(page, kind)` in the [`Doorbell`]
+//! - **Slow path**: an access to an `INVALID` page (or a write to a `FROZEN` one) stores `(page, kind)` in the [`Doorbell`]
 //!   slot, rings the service eventfd and blocks on the app eventfd until the service thread
 //!   calls [`Doorbell::fault_resolved`]; then the access is retried (and may fault again).
 //! - A fault that finds the page already accessible (its protection changed while the fault was
@@ -125,10 +125,10 @@
 //! - The fast path twins any `READ_ONLY` page on the first write, overwriting the twin slot.
 //!   A page made `Read` while its twin is still needed (a diff not yet made: lazy diffing) loses
 //!   that twin at the next application write. Make the diff before re-protecting to `Read`, or
-//!   revoke to `None` (slow path, the service thread decides), while a twin is pending.
+//!   revoke to `None` or freeze (slow path, the service thread decides), while a twin is pending.
 //! - A `READ_ONLY` page can become writable at any instant through the fast path, so a slice
 //!   from `page()`/`twin()` of a `Read` page may observe concurrent application stores. To read a
-//!   page stably, revoke to `None` first (or accept racy bytes, as TreadMarks does).
+//!   page stably, revoke to `None` or freeze it first (or accept racy bytes, as TreadMarks does).
 //! - The service thread must tolerate a slow-path fault for a page that is valid by the time it
 //!   looks (just call `fault_resolved`), and must always wake the application thread eventually: it
 //!   is blocked inside a signal handler.

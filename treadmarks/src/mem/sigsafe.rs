@@ -29,6 +29,14 @@ pub(super) fn gettid() -> libc::pid_t {
     unsafe { libc::syscall(libc::SYS_gettid) as libc::pid_t }
 }
 
+/// `CLOCK_MONOTONIC` in nanoseconds (async-signal-safe).
+pub(super) fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `clock_gettime` is async-signal-safe and writes only the live local `ts`.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(ts.tv_nsec as u64)
+}
+
 /// The current `errno` of this thread.
 pub(super) fn errno() -> libc::c_int {
     // SAFETY: see `ErrnoGuard::save`.

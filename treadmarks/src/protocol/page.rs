@@ -144,9 +144,10 @@ impl<M: PageMemory> Node<M> {
     /// Makes a diff from the twin and drops the twin; the page ends with protection `then`
     /// (`Read` when serving a request, `None` when a write notice invalidates it anyway).
     ///
-    /// The page-sharing rule: all access is revoked *before* the twin and page are read. Revoking
-    /// only write access would not do: a write in that window would take the fault handler's fast
-    /// path, which makes a fresh twin over the one this diff needs. With no access, the write
+    /// The page-sharing rule: write access is taken *before* the twin and page are read, and not
+    /// by making the page `Read`: a write in that window would take the fault handler's fast
+    /// path, which makes a fresh twin over the one this diff needs. The page is made invalid
+    /// (here) or frozen ([`PageMemory::freeze`], when serving a request): either way a write
     /// faults into the slow path and waits for the service thread, which finishes the diff first.
     ///
     /// Serving a page whose twin was made in the latest closed interval (or the open one), which
@@ -168,7 +169,7 @@ impl<M: PageMemory> Node<M> {
         }
     }
 
-    /// [`Node::cut_twin`] on a page already revoked (`Access::None`), leaving its final
+    /// [`Node::cut_twin`] on a page already invalid or frozen (`Access::None`), leaving its final
     /// protection to the caller, which may set many pages' in runs: returns it.
     fn cut_revoked(&mut self, p: PageIdx, then: Access, was_writable: bool) -> Access {
         let Some(first) = self.pages[p.idx()].twin.take() else { return then };

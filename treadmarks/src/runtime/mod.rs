@@ -96,7 +96,7 @@ pub(crate) struct Mailbox {
 }
 
 /// How long the application thread polls for a reply before it sleeps (`TMK_SPIN_US`).
-fn spin_budget() -> std::time::Duration {
+pub(crate) fn spin_budget() -> std::time::Duration {
     static SPIN: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
     *SPIN.get_or_init(|| {
         let us = std::env::var("TMK_SPIN_US").ok().and_then(|v| v.parse().ok()).unwrap_or(100);
