@@ -12,13 +12,13 @@
 
 #![forbid(unsafe_code)]
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 use treadmarks::{Config, Shared, Tmk};
 use treadmarks_benches::summary::Summary;
-use treadmarks_benches::{Result, faults};
+use treadmarks_benches::{Result, faults, job};
 
 /// Pages per figure: a few boundary rows, a slab, a whole array half.
 const SIZES: [usize; 3] = [16, 256, 2048];
@@ -52,7 +52,7 @@ fn run() -> Result<()> {
     let mut port = listener.as_ref().map_or(Ok(0), |l| l.local_addr().map(|a| a.port()))?;
     tmk.distribute(&mut port)?;
     let mut raw = match listener {
-        Some(l) => accept(l)?,
+        Some(l) => configure(job::accept(l)?)?,
         None => connect(port)?,
     };
 
@@ -161,22 +161,6 @@ fn report(rows: &[(usize, Summary, Summary, u64)], page: usize, rounds: u64) {
         })
         .collect();
     println!("{{{}}}", fields.join(","));
-}
-
-fn accept(listener: TcpListener) -> Result<TcpStream> {
-    listener.set_nonblocking(true)?;
-    let deadline = Instant::now() + IO_TIMEOUT;
-    let s = loop {
-        match listener.accept() {
-            Ok((s, _)) => break s,
-            Err(e) if e.kind() == ErrorKind::WouldBlock && Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            Err(e) => return Err(format!("node 1 did not connect: {e}").into()),
-        }
-    };
-    s.set_nonblocking(false)?;
-    configure(s)
 }
 
 fn connect(port: u16) -> Result<TcpStream> {

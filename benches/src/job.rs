@@ -412,7 +412,9 @@ fn echo(mut s: TcpStream) -> std::io::Result<()> {
     }
 }
 
-fn accept(listener: TcpListener) -> Result<TcpStream> {
+/// Accepts node 1's connection on `listener` (waiting at most [`IO_TIMEOUT`]), as a blocking
+/// socket with `TCP_NODELAY` and an I/O timeout.
+pub fn accept(listener: TcpListener) -> Result<TcpStream> {
     listener.set_nonblocking(true)?;
     let deadline = Instant::now() + IO_TIMEOUT;
     let s = loop {
@@ -421,7 +423,7 @@ fn accept(listener: TcpListener) -> Result<TcpStream> {
             Err(e) if e.kind() == ErrorKind::WouldBlock && Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(1));
             }
-            Err(e) => return Err(format!("raw_rtt: node 1 did not connect: {e}").into()),
+            Err(e) => return Err(format!("node 1 did not connect to node 0's raw socket: {e}").into()),
         }
     };
     s.set_nonblocking(false)?;
