@@ -412,7 +412,7 @@ fn echo(mut s: TcpStream) -> std::io::Result<()> {
     }
 }
 
-/// Accepts node 1's connection on `listener` (waiting at most [`IO_TIMEOUT`]), as a blocking
+/// Accepts node 1's connection on `listener` (waiting a bounded time), as a blocking
 /// socket with `TCP_NODELAY` and an I/O timeout.
 pub fn accept(listener: TcpListener) -> Result<TcpStream> {
     listener.set_nonblocking(true)?;

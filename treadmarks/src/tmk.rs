@@ -7,8 +7,7 @@ use crate::error::{Error, Result};
 use crate::mem::{
     BorrowTracker, Doorbell, FaultBackend, FaultHandler, Heap, HeapLayout, HeapPages, Shared, View, ViewMut,
 };
-use crate::protocol::PageIdx;
-use crate::protocol::{AppDone, BarrierId, LockId, Node, NodeConfig, NodeId, ProtocolError};
+use crate::protocol::{AppDone, BarrierId, LockId, Node, NodeConfig, NodeId, PageIdx, ProtocolError};
 use crate::runtime::launch::{self, Children, StartupWatch};
 use crate::runtime::{Command, Engine, Mailbox, Reply, service};
 use crate::stats::Stats;

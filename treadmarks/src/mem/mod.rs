@@ -100,9 +100,11 @@
 //!   (runtime view) to its twin, make it writable (`mprotect`, or `UFFDIO_WRITEPROTECT` clearing
 //!   WP), mark it `READ_WRITE`, push it onto the ring ([`Heap::drain_fast_twins`]). No wake-up: the service thread drains the ring before each
 //!   protocol step.
-//! - **Slow path**: an access to an `INVALID` page (or a write to a `FROZEN` one) stores `(page, kind)` in the [`Doorbell`]
-//!   slot, rings the service eventfd and blocks on the app eventfd until the service thread
-//!   calls [`Doorbell::fault_resolved`]; then the access is retried (and may fault again).
+//! - **Slow path**: an access to an `INVALID` page (or a write to a `FROZEN` one) stores
+//!   `(page, kind)` in the [`Doorbell`] slot, rings the service eventfd, polls for the
+//!   resolution for a while ([`Doorbell::set_spin`]) and then blocks on the app eventfd until the
+//!   service thread calls [`Doorbell::fault_resolved`]; then the access is retried (and may
+//!   fault again).
 //! - A fault that finds the page already accessible (its protection changed while the fault was
 //!   delivered) or `BUSY` is simply retried.
 //!
