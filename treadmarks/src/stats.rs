@@ -88,7 +88,7 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let p = &self.protocol;
         let sent = self.sent();
-        let fields: [(&str, f64); 25] = [
+        let fields: [(&str, f64); 27] = [
             ("node", f64::from(self.node.0)),
             ("nprocs", f64::from(self.nprocs)),
             ("msgs_sent", sent.msgs as f64),
@@ -101,6 +101,8 @@ impl Stats {
             ("diffs_created", p.diffs_created as f64),
             ("diff_bytes_created", p.diff_bytes_created as f64),
             ("diffs_applied", p.diffs_applied as f64),
+            ("diffs_pushed", p.diffs_pushed as f64),
+            ("pushes_used", p.pushes_used as f64),
             ("intervals", p.intervals as f64),
             ("write_notices_made", p.write_notices_made as f64),
             ("lock_acquires_local", p.lock_acquires_local as f64),
@@ -139,6 +141,11 @@ impl fmt::Display for Stats {
             p.diff_bytes_created,
             p.diffs_applied,
             p.diff_bytes_applied
+        )?;
+        writeln!(
+            f,
+            "  diffs pushed at barriers: {}   pushed pages used: {}, unused: {}   diffs piggybacked on grants: {}",
+            p.diffs_pushed, p.pushes_used, p.pushes_wasted, p.diffs_piggybacked
         )?;
         writeln!(
             f,

@@ -38,6 +38,7 @@ impl<M: PageMemory> Node<M> {
         }
         self.begin("barrier")?;
         self.close_interval(true);
+        self.push_to_subscribers();
         let mine = self.vt.get(self.me);
         let intervals = (self.sent_to_manager + 1..=mine)
             .map(|i| self.log.get(self.me, i).expect("own interval in log").clone())
@@ -102,6 +103,7 @@ impl<M: PageMemory> Node<M> {
 
     pub(crate) fn finish_barrier(&mut self, barrier: BarrierId) {
         self.stats.barriers += 1;
+        self.sweep_pushed();
         self.pending = Pending::None;
         self.done.push_back(AppDone::BarrierPassed(barrier));
     }

@@ -192,6 +192,7 @@ impl<M: PageMemory> Node<M> {
         }
         debug_assert!(self.pages.iter().all(|m| m.writers.is_empty() && m.diffs.is_empty()));
         self.acct = Accounting::default();
+        self.forget_pushes();
         self.sent_to_manager = self.vt.get(self.me);
         self.stats.collections += 1;
         self.stats.gc_bytes_reclaimed += before.saturating_sub(self.consistency_bytes());

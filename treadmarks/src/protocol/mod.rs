@@ -9,7 +9,7 @@
 //! One file per concept: [`vtime`] (vector timestamps), [`interval`] (interval records and the
 //! log), [`diff`] (twin/page diffs), [`page`] (page state, lazy diffs, access misses), [`lock`]
 //! (distributed lock chain, diffs piggybacked on grants), [`barrier`] (centralized barrier
-//! manager), [`gc`] (collection of consistency data at barriers), [`collective`] (allocation,
+//! manager), [`push`] (diffs pushed at barriers to the pages' earlier readers), [`gc`] (collection of consistency data at barriers), [`collective`] (allocation,
 //! distribute, exit), [`msg`] (wire messages), [`node`] (the state machine), [`alloc`] (node 0's
 //! heap allocator), [`stats`] (counters). Readable message-by-message scenarios live in
 //! `scenarios.rs`.
@@ -28,6 +28,7 @@ pub mod memory;
 pub mod msg;
 pub mod node;
 pub mod page;
+pub mod push;
 pub mod stats;
 pub mod vtime;
 
@@ -41,7 +42,7 @@ pub use error::ProtocolError;
 pub use ids::{BarrierId, DiffSeq, IntervalIdx, LockId, NodeId, PageIdx};
 pub use interval::IntervalRecord;
 pub use memory::{Access, PageMemory, VecMemory};
-pub use msg::{AllocFailure, DiffAsk, Message, MsgKind, PageCopy, PageDiffs};
+pub use msg::{AllocFailure, DiffAsk, Message, MsgKind, PageCopy, PageDiffs, PushedDiffs};
 pub use node::{AppDone, Node, NodeConfig};
 pub use stats::ProtocolStats;
 pub use vtime::VectorTime;

@@ -34,6 +34,16 @@ pub struct PageDiffs {
     pub diffs: Vec<DiffWire>,
 }
 
+/// One page's worth of a [`Message::DiffPush`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PushedDiffs {
+    pub page: PageIdx,
+    /// The writer's newest diff of the page it assumes the receiver has applied: the diffs
+    /// are every one after it.
+    pub after_seq: DiffSeq,
+    pub diffs: Vec<DiffWire>,
+}
+
 /// One page's worth of a [`Message::PageReply`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PageCopy {
@@ -78,6 +88,12 @@ pub enum Message {
     DiffRequest { asks: Vec<DiffAsk> },
     /// Writer → faulting node: the diffs, page by page, in the order asked.
     DiffReply { pages: Vec<PageDiffs> },
+    /// Writer → a node that read these pages before, at the writer's arrival at a barrier: its
+    /// diffs of them up to interval `upto`, before they are asked for (see `push.rs`).
+    /// `episode`: the number of barriers passed once this one completes.
+    DiffPush { episode: u64, upto: IntervalIdx, pages: Vec<PushedDiffs> },
+    /// Reader → writer: pushes of these pages went unused; stop pushing them.
+    Unsubscribe { pages: Vec<PageIdx> },
     /// Node that dropped pages at a collection → a node holding copies: send them whole.
     PageRequest { pages: Vec<PageIdx> },
     /// The whole pages.
@@ -114,6 +130,8 @@ pub enum MsgKind {
     BarrierRelease,
     DiffRequest,
     DiffReply,
+    DiffPush,
+    Unsubscribe,
     Page,
     Gc,
     Alloc,
@@ -125,7 +143,7 @@ pub enum MsgKind {
 
 impl MsgKind {
     /// Every kind, in display order.
-    pub const ALL: [MsgKind; 14] = [
+    pub const ALL: [MsgKind; 16] = [
         MsgKind::LockRequest,
         MsgKind::LockForward,
         MsgKind::LockGrant,
@@ -133,6 +151,8 @@ impl MsgKind {
         MsgKind::BarrierRelease,
         MsgKind::DiffRequest,
         MsgKind::DiffReply,
+        MsgKind::DiffPush,
+        MsgKind::Unsubscribe,
         MsgKind::Page,
         MsgKind::Gc,
         MsgKind::Alloc,
@@ -152,6 +172,8 @@ impl MsgKind {
             MsgKind::BarrierRelease => "barrier_release",
             MsgKind::DiffRequest => "diff_request",
             MsgKind::DiffReply => "diff_reply",
+            MsgKind::DiffPush => "diff_push",
+            MsgKind::Unsubscribe => "unsubscribe",
             MsgKind::Page => "page",
             MsgKind::Gc => "gc",
             MsgKind::Alloc => "alloc",
@@ -174,6 +196,8 @@ impl Message {
             Message::BarrierRelease { .. } => MsgKind::BarrierRelease,
             Message::DiffRequest { .. } => MsgKind::DiffRequest,
             Message::DiffReply { .. } => MsgKind::DiffReply,
+            Message::DiffPush { .. } => MsgKind::DiffPush,
+            Message::Unsubscribe { .. } => MsgKind::Unsubscribe,
             Message::PageRequest { .. } | Message::PageReply { .. } => MsgKind::Page,
             Message::GcDone | Message::GcRelease => MsgKind::Gc,
             Message::AllocRequest { .. }

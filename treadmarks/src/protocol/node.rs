@@ -19,6 +19,7 @@ use super::lock::LockState;
 use super::memory::{Access, PageMemory};
 use super::msg::{AllocFailure, Message, PageCopy, PageDiffs};
 use super::page::{Miss, PageMeta};
+use super::push::PushState;
 use super::stats::ProtocolStats;
 use super::vtime::VectorTime;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -101,6 +102,8 @@ pub struct Node<M> {
     /// Pages of the validation in progress that are up to date, to be made readable together.
     pub(crate) validated: Vec<PageIdx>,
     pub(crate) acct: Accounting,
+    /// Subscribers of our pages, and diffs pushed to us.
+    pub(crate) push: PushState,
     pub(crate) gc: Option<GcRound>,
     /// Manager only: who has sent `GcDone` in this collection.
     pub(crate) gc_done: Vec<bool>,
@@ -141,6 +144,7 @@ impl<M: PageMemory> Node<M> {
             misses: BTreeMap::new(),
             validated: Vec::new(),
             acct: Accounting::default(),
+            push: PushState::default(),
             gc: None,
             gc_done: vec![false; n],
             gc_force: false,
@@ -257,9 +261,12 @@ impl<M: PageMemory> Node<M> {
                     self.check_page(from, a.page)?;
                 }
                 let pages = self.serve_diff_request(&asks);
+                self.note_subscribers(from, &asks, &pages);
                 self.outbox.push_back((from, Message::DiffReply { pages }));
                 Ok(())
             }
+            Message::DiffPush { episode, upto, pages } => self.handle_diff_push(from, episode, upto, pages),
+            Message::Unsubscribe { pages } => self.handle_unsubscribe(from, pages),
             Message::DiffReply { pages } => {
                 for PageDiffs { page, diffs } in pages {
                     self.check_page(from, page)?;

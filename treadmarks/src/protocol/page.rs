@@ -299,7 +299,8 @@ impl<M: PageMemory> Node<M> {
     }
 
     /// Asks every writer with unapplied notices for its diffs of `pages` (one request per writer,
-    /// in parallel), and the holders of whole copies for the pages a collection dropped.
+    /// in parallel), and the holders of whole copies for the pages a collection dropped. A
+    /// writer whose diffs were pushed to us already (`push.rs`) is not asked.
     pub(crate) fn start_misses(
         &mut self,
         pages: &[PageIdx],
@@ -310,10 +311,17 @@ impl<M: PageMemory> Node<M> {
         let mut asks: Vec<Vec<DiffAsk>> = vec![Vec::new(); n];
         let mut copies: Vec<Vec<PageIdx>> = vec![Vec::new(); n];
         for &p in pages {
-            let mut asked = Vec::new();
-            for (w, st) in self.pages[p.idx()].writers.iter().enumerate() {
-                if st.noticed > st.applied {
-                    asked.push((NodeId(w as u16), st.noticed, false));
+            let (mut asked, mut diffs) = (Vec::new(), Vec::new());
+            let stale: Vec<(usize, WriterState)> = (self.pages[p.idx()].writers.iter().copied().enumerate())
+                .filter(|(_, st)| st.noticed > st.applied)
+                .collect();
+            for (w, st) in stale {
+                let writer = NodeId(w as u16);
+                if let Some(pushed) = self.take_pushed(p, writer, st) {
+                    asked.push((writer, st.noticed, true));
+                    diffs.extend(pushed.into_iter().map(|d| (writer, d)));
+                } else {
+                    asked.push((writer, st.noticed, false));
                     asks[w].push(DiffAsk { page: p, want: st.noticed, after_seq: st.applied_seq });
                 }
             }
@@ -321,7 +329,7 @@ impl<M: PageMemory> Node<M> {
                 copies[h.idx()].push(p);
                 (h, None)
             });
-            self.misses.insert(p, Miss { write, purpose, asked, diffs: Vec::new(), base });
+            self.misses.insert(p, Miss { write, purpose, asked, diffs, base });
         }
         // One request per writer, split so that no reply can outgrow a frame (a page's diff is
         // at most about a page), and ramped so that the writer's diffing, the transfer and our

@@ -63,6 +63,33 @@ impl Net {
         }
         node.mem_mut().app_write(p)[byte] = value;
     }
+
+    /// Reads a byte as the application would: a miss first if the page is invalid.
+    fn read(&mut self, i: usize, page: u32, byte: usize) -> u8 {
+        let p = PageIdx(page);
+        if self.nodes[i].mem().access(p) == Access::None {
+            self.nodes[i].handle_fault(p, false).unwrap();
+            self.settle();
+            assert_eq!(self.done(i), Some(AppDone::FaultResolved(p)));
+        }
+        self.nodes[i].mem().app_read(p)[byte]
+    }
+
+    /// Every node passes barrier 0, arriving from the last node to node 0 (the manager).
+    fn barrier(&mut self) {
+        for i in (0..self.nodes.len()).rev() {
+            self.nodes[i].request_barrier(BarrierId(0)).unwrap();
+            self.settle();
+        }
+        for i in 0..self.nodes.len() {
+            assert_eq!(self.done(i), Some(AppDone::BarrierPassed(BarrierId(0))));
+        }
+    }
+
+    /// How many messages of `kind` went from `from` to `to` since message `since`.
+    fn count(&self, since: usize, from: u16, to: u16, kind: MsgKind) -> usize {
+        self.log[since..].iter().filter(|&&m| m == (from, to, kind)).count()
+    }
 }
 
 #[test]
@@ -239,4 +266,46 @@ fn bad_input_from_a_peer_is_an_error_not_a_panic() {
     n.request_barrier(BarrierId(0)).unwrap();
     // Node 0 is the manager, so a release *to* it is unexpected; either way: an error, no panic.
     assert!(n.handle_message(NodeId(1), gap).is_err());
+}
+
+#[test]
+fn a_page_read_last_epoch_has_its_next_diffs_pushed_until_it_goes_unread() {
+    use MsgKind::*;
+    let mut net = Net::new(2);
+    net.write(0, 1, 0, 1);
+    net.barrier();
+    // Node 1 misses on page 1 and asks node 0, which makes node 1 a subscriber of the page.
+    let t = net.log.len();
+    assert_eq!(net.read(1, 1, 0), 1);
+    assert_eq!(net.count(t, 1, 0, DiffRequest), 1);
+
+    // Node 0 writes it again: at the barrier its diff goes to node 1 before it is asked for...
+    net.write(0, 1, 0, 2);
+    let t = net.log.len();
+    net.barrier();
+    assert_eq!(net.count(t, 0, 1, DiffPush), 1);
+    assert_eq!(net.nodes[1].mem().access(PageIdx(1)), Access::None, "pushed diffs wait for a miss");
+    // ...and the miss it would have cost is answered at home.
+    let t = net.log.len();
+    assert_eq!(net.read(1, 1, 0), 2);
+    assert_eq!(net.log.len(), t, "no message for a pushed page");
+    assert_eq!(net.nodes[1].stats().pushes_used, 1);
+
+    // Node 1 stops reading the page. The next push goes unused; at the barrier after it node 1
+    // drops it and unsubscribes (node 0 has already pushed once more, also unused).
+    net.write(0, 1, 0, 3);
+    net.barrier();
+    net.write(0, 1, 0, 4);
+    let t = net.log.len();
+    net.barrier();
+    assert_eq!(net.count(t, 1, 0, Unsubscribe), 1);
+    net.write(0, 1, 0, 5);
+    let t = net.log.len();
+    net.barrier();
+    assert_eq!(net.count(t, 0, 1, DiffPush), 0, "unsubscribed");
+    assert_eq!(net.nodes[1].stats().pushes_wasted, 2);
+    // Reading again fetches as usual (and subscribes again).
+    let t = net.log.len();
+    assert_eq!(net.read(1, 1, 0), 5);
+    assert_eq!(net.count(t, 1, 0, DiffRequest), 1);
 }

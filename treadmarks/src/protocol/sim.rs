@@ -367,6 +367,9 @@ fn random_data_race_free_programs_read_sequentially_consistent_values() {
             totals.validations += s.validations;
             totals.twins_ahead += s.twins_ahead;
             totals.diffs_piggybacked += s.diffs_piggybacked;
+            totals.diffs_pushed += s.diffs_pushed;
+            totals.pushes_used += s.pushes_used;
+            totals.pushes_wasted += s.pushes_wasted;
         }
     }
     eprintln!("sim totals: {totals:?}");
@@ -376,6 +379,10 @@ fn random_data_race_free_programs_read_sequentially_consistent_values() {
     assert!(totals.lock_acquires_remote > 1000 && totals.invalidations > 1000, "{totals:?}");
     assert!(
         totals.validations > 500 && totals.diffs_piggybacked > 500 && totals.twins_ahead > 500,
+        "{totals:?}"
+    );
+    assert!(
+        totals.diffs_pushed > 500 && totals.pushes_used > 500 && totals.pushes_wasted > 100,
         "{totals:?}"
     );
     assert!(

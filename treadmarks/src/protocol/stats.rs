@@ -25,6 +25,11 @@ pub struct ProtocolStats {
     pub validations: u64,
     /// Diffs sent along with lock grants.
     pub diffs_piggybacked: u64,
+    /// Diffs pushed at barriers to earlier readers; pushed pages a miss used instead of a
+    /// request; pushed pages dropped unused (or unusable).
+    pub diffs_pushed: u64,
+    pub pushes_used: u64,
+    pub pushes_wasted: u64,
     /// Diff requests sent (one per writer per miss or validation) and pages served.
     pub diff_requests_sent: u64,
     pub diff_requests_served: u64,

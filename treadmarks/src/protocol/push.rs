@@ -1,0 +1,235 @@
+//! Diffs pushed at barriers to the nodes that read a page before (a lazy hybrid).
+//!
+//! Plain lazy release consistency fetches a page's diffs when the page is touched after the
+//! barrier that invalidated it: one round trip per writer, while the reader waits. Iterative
+//! programs read the same pages from the same writers at every step (a grid's boundary rows, the
+//! molecules of the last phase), so the writer can send those diffs before it is asked.
+//!
+//! - **Subscribing.** A writer that serves a diff request for page `p` from node `s` records
+//!   `s` as a subscriber of `p`, with the newest of its diffs of `p` that `s` now has.
+//! - **Pushing.** Arriving at a barrier, just after closing its interval and before sending its
+//!   arrival, the writer serves each subscriber as if it had asked for every change of a
+//!   subscribed page up to the interval just closed (`upto`): the twins are cut exactly as for a
+//!   request, and the diffs go out in a [`Message::DiffPush`] tagged with the barrier's episode
+//!   (the number of barriers passed once it completes) and the subscriber's assumed newest diff
+//!   (`after_seq`). Only pages with a twin to cut or a diff the subscriber lacks are sent.
+//! - **Using.** The subscriber keeps the pushed diffs aside; memory is not touched. When the page
+//!   misses later (a fault or a view), a writer's pushed diffs stand in for the request to that
+//!   writer if they are complete: we know all of its intervals up to `upto`, the notice we hold
+//!   is not newer than `upto`, and we have applied every diff up to `after_seq`. Then they hold
+//!   exactly what a request would have brought (every diff of the page with a first interval up
+//!   to `upto` was cut when they were made, later twins start after `upto`, and a diff's first
+//!   interval always carries a write notice), so the miss applies them in timestamp order like
+//!   fetched ones. Otherwise they are dropped and the writer is asked as usual, which also
+//!   brings its idea of what we have back in line.
+//! - **Unsubscribing.** Pushed diffs not used by the end of the epoch they were pushed for
+//!   (the next barrier passed, or the next push of the page, whichever comes first) were not
+//!   needed: they are dropped, and the writer is told ([`Message::Unsubscribe`]), so a page read
+//!   once costs at most two wasted pushes.
+//! - **Collections** drop every subscription and every pushed diff, on both sides; pushes made
+//!   for a collecting barrier or earlier are dropped on arrival.
+
+use super::ProtocolError;
+use super::ids::{DiffSeq, IntervalIdx, NodeId, PageIdx};
+use super::memory::PageMemory;
+use super::msg::{DiffAsk, DiffWire, Message, PushedDiffs};
+use super::node::Node;
+use super::page::{PAGES_PER_REQUEST, WriterState};
+use std::collections::BTreeMap;
+
+/// Diffs a writer pushed to us for one page, kept until a miss uses them or the epoch ends.
+#[derive(Debug, Clone)]
+pub(crate) struct Pushed {
+    /// Barrier episode they were pushed at.
+    episode: u64,
+    /// Newest interval of the writer they cover.
+    upto: IntervalIdx,
+    /// The writer assumed we had applied its diffs of the page up to this one.
+    after_seq: DiffSeq,
+    diffs: Vec<DiffWire>,
+}
+
+/// Both sides of pushing: the subscribers of our pages, and the diffs pushed to us.
+#[derive(Debug, Default)]
+pub(crate) struct PushState {
+    /// Per page we wrote, the nodes that read it, with the newest of our diffs each has.
+    subscribers: BTreeMap<PageIdx, Vec<(NodeId, DiffSeq)>>,
+    /// Diffs pushed to us, by page and writer.
+    pushed: BTreeMap<(PageIdx, NodeId), Pushed>,
+    /// Episode of the last collecting barrier (pushes for it or earlier are stale).
+    collected_at: u64,
+}
+
+impl PushState {
+    fn subscribe(&mut self, p: PageIdx, s: NodeId, seq: DiffSeq) {
+        let subs = self.subscribers.entry(p).or_default();
+        match subs.iter_mut().find(|(n, _)| *n == s) {
+            Some(entry) => entry.1 = seq,
+            None => subs.push((s, seq)),
+        }
+    }
+}
+
+impl<M: PageMemory> Node<M> {
+    /// After serving `asks` from `from` with `served` (in the same order): `from` subscribes to
+    /// those pages, and now has every diff it was sent.
+    pub(crate) fn note_subscribers(
+        &mut self,
+        from: NodeId,
+        asks: &[DiffAsk],
+        served: &[super::msg::PageDiffs],
+    ) {
+        for (a, pd) in asks.iter().zip(served) {
+            let newest = pd.diffs.iter().map(|d| d.seq).max().unwrap_or(0).max(a.after_seq);
+            self.push.subscribe(a.page, from, newest);
+        }
+    }
+
+    /// At barrier arrival, with the interval closed: pushes to every subscriber the diffs of its
+    /// pages that changed since it last got them (see the module docs).
+    pub(crate) fn push_to_subscribers(&mut self) {
+        if self.push.subscribers.is_empty() {
+            return;
+        }
+        let closed = self.vt.get(self.me);
+        let episode = self.stats.barriers + 1;
+        let mut asks: Vec<Vec<DiffAsk>> = vec![Vec::new(); self.nprocs()];
+        for (&p, subs) in &self.push.subscribers {
+            let meta = &self.pages[p.idx()];
+            let twin_to_cut = meta.twin.is_some_and(|first| first <= closed);
+            let newest = meta.diffs.last().map_or(0, |d| d.seq);
+            for &(s, seq) in subs {
+                if twin_to_cut || newest > seq {
+                    asks[s.idx()].push(DiffAsk { page: p, want: closed, after_seq: seq });
+                }
+            }
+        }
+        for (s, asks) in asks.into_iter().enumerate() {
+            if asks.is_empty() {
+                continue;
+            }
+            let to = NodeId(s as u16);
+            let served = self.serve_diff_request(&asks);
+            self.note_subscribers(to, &asks, &served);
+            // A page whose twin turned out unchanged goes too, with no diffs: its notice still
+            // stands, and the push saves the subscriber asking for nothing.
+            let mut pages: Vec<PushedDiffs> = asks
+                .iter()
+                .zip(served)
+                .map(|(a, pd)| PushedDiffs { page: pd.page, after_seq: a.after_seq, diffs: pd.diffs })
+                .collect();
+            self.stats.diffs_pushed += pages.iter().map(|pd| pd.diffs.len() as u64).sum::<u64>();
+            while !pages.is_empty() {
+                let rest = pages.split_off(pages.len().min(PAGES_PER_REQUEST));
+                let chunk = std::mem::replace(&mut pages, rest);
+                self.outbox.push_back((to, Message::DiffPush { episode, upto: closed, pages: chunk }));
+            }
+        }
+    }
+
+    pub(crate) fn handle_diff_push(
+        &mut self,
+        from: NodeId,
+        episode: u64,
+        upto: IntervalIdx,
+        pages: Vec<PushedDiffs>,
+    ) -> Result<(), ProtocolError> {
+        for pd in &pages {
+            self.check_page(from, pd.page)?;
+        }
+        let passed = self.stats.barriers;
+        // The writer passed every barrier before `episode`, so we have arrived at `episode - 1`.
+        if from == self.me || episode > passed + 2 {
+            return Err(ProtocolError::Unexpected {
+                from,
+                what: format!("diff push for barrier episode {episode} (we passed {passed})"),
+            });
+        }
+        // Pushed for an epoch that is over, or before a collection (whose state is gone).
+        if episode < passed || episode <= self.push.collected_at || self.gc.is_some() {
+            self.stats.pushes_wasted += pages.len() as u64;
+            return Ok(());
+        }
+        let mut unused = Vec::new();
+        for pd in pages {
+            let asking = self.misses.get(&pd.page).is_some_and(|m| m.asked.iter().any(|a| a.0 == from));
+            if asking {
+                self.stats.pushes_wasted += 1;
+                continue;
+            }
+            // An earlier push of the page still unused: we do not read it. (The new one could
+            // not be used either: it assumes we applied the earlier one.)
+            if self.push.pushed.remove(&(pd.page, from)).is_some() {
+                self.stats.pushes_wasted += 2;
+                unused.push(pd.page);
+                continue;
+            }
+            let entry = Pushed { episode, upto, after_seq: pd.after_seq, diffs: pd.diffs };
+            self.push.pushed.insert((pd.page, from), entry);
+        }
+        if !unused.is_empty() {
+            self.outbox.push_back((from, Message::Unsubscribe { pages: unused }));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn handle_unsubscribe(
+        &mut self,
+        from: NodeId,
+        pages: Vec<PageIdx>,
+    ) -> Result<(), ProtocolError> {
+        for &p in &pages {
+            self.check_page(from, p)?;
+        }
+        for p in pages {
+            if let Some(subs) = self.push.subscribers.get_mut(&p) {
+                subs.retain(|(n, _)| *n != from);
+                if subs.is_empty() {
+                    self.push.subscribers.remove(&p);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The diffs `w` pushed for page `p`, if they complete `p` for `w` (whose state we hold is
+    /// `st`); taken either way.
+    pub(crate) fn take_pushed(&mut self, p: PageIdx, w: NodeId, st: WriterState) -> Option<Vec<DiffWire>> {
+        let e = self.push.pushed.remove(&(p, w))?;
+        if e.upto <= self.vt.get(w) && e.upto >= st.noticed && e.after_seq <= st.applied_seq {
+            self.stats.pushes_used += 1;
+            Some(e.diffs)
+        } else {
+            self.stats.pushes_wasted += 1;
+            None
+        }
+    }
+
+    /// A barrier passed: pushed diffs of the epoch that just ended were not needed. Drops them
+    /// and unsubscribes from their pages.
+    pub(crate) fn sweep_pushed(&mut self) {
+        let passed = self.stats.barriers;
+        let mut unused: Vec<Vec<PageIdx>> = vec![Vec::new(); self.nprocs()];
+        self.push.pushed.retain(|&(p, w), e| {
+            let keep = e.episode >= passed;
+            if !keep {
+                unused[w.idx()].push(p);
+            }
+            keep
+        });
+        for (w, pages) in unused.into_iter().enumerate() {
+            if !pages.is_empty() {
+                self.stats.pushes_wasted += pages.len() as u64;
+                self.outbox.push_back((NodeId(w as u16), Message::Unsubscribe { pages }));
+            }
+        }
+    }
+
+    /// A collection dropped the consistency data that subscriptions and pushed diffs refer to.
+    pub(crate) fn forget_pushes(&mut self) {
+        self.push.subscribers.clear();
+        self.stats.pushes_wasted += self.push.pushed.len() as u64;
+        self.push.pushed.clear();
+        self.push.collected_at = self.stats.barriers + 1;
+    }
+}
