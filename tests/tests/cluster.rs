@@ -38,6 +38,11 @@ fn pages_nobody_asks_for_produce_no_diff() {
 }
 
 #[test]
+fn neighbours_read_each_step_get_diffs_pushed_at_the_barrier() {
+    run("push", 3, 15).assert_pass("push");
+}
+
+#[test]
 fn bad_ids_and_sizes_are_typed_errors_naming_the_value() {
     run("errors", 2, 8).assert_pass("errors");
 }

@@ -131,6 +131,48 @@ fn lazy(tmk: &mut Tmk) -> R {
     Ok(())
 }
 
+/// Each node rewrites its own page every step and reads its left neighbour's between two barriers:
+/// after the first step the neighbour's diffs come pushed with the barrier, not asked for. Then
+/// the nodes stop reading, and the pushes stop after going unused.
+fn push(tmk: &mut Tmk) -> R {
+    const STEPS: u64 = 20;
+    let (me, n) = (tmk.proc_id(), tmk.nprocs());
+    let a = shared::<u64>(tmk, n * 512)?;
+    let left = (me + n - 1) % n;
+    let read_left = |tmk: &mut Tmk, step: u64| -> R {
+        let got = tmk.view(&a.slice(left * 512, left * 512 + 512))?.to_vec();
+        let want = |i: usize| step * 1000 + (left * 512 + i) as u64;
+        let bad = got.iter().enumerate().find(|&(i, &x)| x != want(i));
+        check(bad.is_none(), || format!("step {step}: node {left}'s word {bad:?} is stale"))
+    };
+    for step in 1..=STEPS {
+        for (i, x) in tmk.view_mut(&a.slice(me * 512, me * 512 + 512))?.iter_mut().enumerate() {
+            *x = step * 1000 + (me * 512 + i) as u64;
+        }
+        tmk.barrier(0)?;
+        read_left(tmk, step)?;
+        tmk.barrier(0)?;
+    }
+    // Without pushes every step would ask once. A push races the barrier release only across
+    // different links (writer → reader, manager → reader), so allow a few late ones.
+    let p = tmk.stats()?.protocol;
+    check(p.diff_requests_sent <= STEPS / 2, || {
+        format!("{} diff requests in {STEPS} steps", p.diff_requests_sent)
+    })?;
+    check(p.pushes_used >= STEPS / 2, || format!("{} pushes used in {STEPS} steps", p.pushes_used))?;
+    for step in STEPS + 1..=STEPS + 4 {
+        tmk.view_mut(&a.slice(me * 512, me * 512 + 512))?[0] = step;
+        tmk.barrier(0)?;
+    }
+    let q = tmk.stats()?.protocol;
+    let pushed = q.diffs_pushed - p.diffs_pushed;
+    check(pushed <= 2, || format!("{pushed} diffs pushed to a node that stopped reading"))?;
+    check(q.pushes_wasted >= 1, || format!("{} unused pushes counted", q.pushes_wasted))?;
+    // Reading again fetches as usual.
+    let x = tmk.view(&a.slice(left * 512, left * 512 + 1))?[0];
+    check(x == STEPS + 4, || format!("after the pushes stopped, node {left}'s first word is {x}"))
+}
+
 /// Node 2 dies after the first barrier; the others must fail fast, naming it.
 fn kill(tmk: &mut Tmk) -> R {
     tmk.barrier(0)?;
@@ -352,6 +394,7 @@ fn main() -> ExitCode {
             "never-held" => never_held(&mut tmk),
             "lock-chain" => lock_chain(&mut tmk),
             "lazy" => lazy(&mut tmk),
+            "push" => push(&mut tmk),
             "kill" => kill(&mut tmk),
             "errors" => errors(&mut tmk),
             "gc-long" => gc_long(&mut tmk),
