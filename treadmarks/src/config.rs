@@ -12,6 +12,7 @@
 //! | print statistics at exit | `TMK_STATS=1` (a table), `TMK_STATS=json` (one line) | | off |
 //! | bound on meeting the other nodes | `TMK_CONNECT_TIMEOUT` (seconds) | | 30 |
 //! | how long the application polls for a reply, or for a fault's resolution, before it sleeps | `TMK_SPIN_US` (µs) | | 100 |
+//! | push diffs at barriers to pages' earlier readers | `TMK_PUSH=0` turns it off | | on |
 //! | real-time scheduling of the service thread (needs privilege; slower on the 2-vCPU VM we measured) | `TMK_SERVICE_RT=1` | | off |
 //! | fault backend | `TMK_FAULTS` (`auto`, `uffd`, `mprotect`) | | `auto`: userfaultfd if the kernel offers it |
 //!
@@ -54,6 +55,8 @@ pub struct Config {
     pub nbarriers: u32,
     /// Consistency data (bytes) past which a node asks the next barrier to collect.
     pub gc_threshold: u64,
+    /// Push diffs at barriers to the pages' earlier readers (`protocol/push.rs`).
+    pub push: bool,
     pub print_stats: bool,
     /// Print them as one JSON line (`TMK_STATS=json`) instead of a table.
     pub stats_json: bool,
@@ -73,6 +76,7 @@ impl Default for Config {
             nlocks: 1024,
             nbarriers: 64,
             gc_threshold: 64 << 20,
+            push: true,
             print_stats: false,
             stats_json: false,
             connect_timeout: Duration::from_secs(30),
@@ -139,6 +143,9 @@ impl Config {
         c.gc_threshold = c.gc_threshold.min(c.heap_size as u64 / 4);
         if let Some(v) = env("TMK_GC_THRESHOLD") {
             c.gc_threshold = parse_size("TMK_GC_THRESHOLD", &v)? as u64;
+        }
+        if let Some(v) = env("TMK_PUSH") {
+            c.push = v != "0";
         }
         if let Some(v) = env("TMK_STATS") {
             c.print_stats = v != "0";

@@ -93,6 +93,7 @@ impl Tmk {
             nbarriers: config.nbarriers,
             heap_size: config.heap_size as u64,
             gc_threshold: config.gc_threshold,
+            push: config.push,
         };
         let node = Node::new(node_cfg, HeapPages(heap.clone()));
         let mut children = None;

@@ -35,6 +35,8 @@ pub struct NodeConfig {
     pub heap_size: u64,
     /// Consistency data (bytes) past which this node asks the next barrier to collect.
     pub gc_threshold: u64,
+    /// Subscribe readers and push them diffs at barriers (`push.rs`); off, readers always ask.
+    pub push: bool,
 }
 
 /// Completion of the application's pending request.

@@ -79,6 +79,9 @@ impl<M: PageMemory> Node<M> {
         asks: &[DiffAsk],
         served: &[super::msg::PageDiffs],
     ) {
+        if !self.cfg.push {
+            return;
+        }
         for (a, pd) in asks.iter().zip(served) {
             let newest = pd.diffs.iter().map(|d| d.seq).max().unwrap_or(0).max(a.after_seq);
             self.push.subscribe(a.page, from, newest);

@@ -22,6 +22,7 @@ impl Net {
                     nbarriers: 2,
                     heap_size: 4 * PAGE as u64,
                     gc_threshold: u64::MAX,
+                    push: true,
                 };
                 Node::new(cfg, VecMemory::new(4, PAGE, if n == 1 { Access::ReadWrite } else { Access::Read }))
             })

@@ -61,6 +61,8 @@ struct Shape {
     phases: usize,
     /// Consistency bytes past which barriers collect: tiny (most barriers collect) or never.
     gc_threshold: u64,
+    /// Whether writers push diffs at barriers (`push.rs`).
+    push: bool,
 }
 
 fn generate(rng: &mut Rng, s: &Shape) -> Vec<Vec<Op>> {
@@ -155,6 +157,7 @@ impl Sim {
                     nbarriers: 3,
                     heap_size: (npages as usize * PAGE) as u64,
                     gc_threshold: s.gc_threshold,
+                    push: s.push,
                 };
                 let node = Node::new(cfg, VecMemory::new(npages, PAGE, access));
                 SimNode { node, prog, pc: 0, blocked: false, fast_twins: Vec::new(), exited: false }
@@ -320,6 +323,7 @@ fn run_seed(seed: u64) -> Vec<ProtocolStats> {
         nlocks: 1 + pick.below(3) as u32,
         phases: 1 + pick.below(6) as usize,
         gc_threshold: [u64::MAX, 0, 300, 2000][pick.below(4) as usize],
+        push: pick.below(4) != 0,
     };
     let result = std::panic::catch_unwind(|| {
         let mut sim = Sim::new(seed, &shape);
