@@ -180,11 +180,14 @@ impl Service {
                 if self.failed.is_some() {
                     return;
                 }
-                let msg: Message = match codec::decode_payload(&payload) {
+                let decoded = codec::decode_payload(&payload);
+                let len = payload.len();
+                self.links.recycle(payload);
+                let msg: Message = match decoded {
                     Ok(m) => m,
                     Err(e) => return self.fail(format!("malformed message from {from}: {e}")),
                 };
-                self.stats.count_received(from, msg.kind(), payload.len() + 4);
+                self.stats.count_received(from, msg.kind(), len + 4);
                 self.drain_twins();
                 if let Err(e) = self.node.handle_message(from, msg) {
                     self.fail(format!("protocol error on a message from {from}: {e}"));
@@ -293,7 +296,7 @@ impl Service {
         let mut sent_any = false;
         while let Some((to, msg)) = self.node.poll_transmit() {
             sent_any = true;
-            let mut frame = Vec::new();
+            let mut frame = self.links.buffer();
             let sent = codec::encode_frame(&msg, &mut frame).map_err(|e| e.to_string()).and_then(|n| {
                 self.stats.count_sent(to, msg.kind(), n);
                 self.links.send(to, frame).map_err(|e| e.to_string())
