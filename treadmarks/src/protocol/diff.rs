@@ -32,10 +32,47 @@
 
 use serde::{Deserialize, Serialize};
 use std::cell::RefCell;
+use std::sync::Arc;
 
 /// A run-length encoded diff of one page.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
-pub struct Diff(#[serde(with = "serde_bytes")] Vec<u8>);
+///
+/// The bytes are shared: a writer keeps its diffs until a collection and hands each to every
+/// node that asks, so cloning one into a reply is a reference count, not a copy.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct Diff(Arc<[u8]>);
+
+impl Serialize for Diff {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Diff {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Diff, D::Error> {
+        struct Bytes;
+        impl<'de> serde::de::Visitor<'de> for Bytes {
+            type Value = Diff;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("the bytes of a diff")
+            }
+            // One allocation at the exact size, copied straight from the frame.
+            fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Diff, E> {
+                Ok(Diff(v.into()))
+            }
+            fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<Diff, E> {
+                Ok(Diff(v.into()))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Diff, A::Error> {
+                let mut v = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 16));
+                while let Some(b) = seq.next_element()? {
+                    v.push(b);
+                }
+                Ok(Diff(v.into()))
+            }
+        }
+        d.deserialize_bytes(Bytes)
+    }
+}
 
 impl std::fmt::Debug for Diff {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -352,7 +389,7 @@ mod tests {
         scribble(&mut rng, &mut page, |_| true);
         let good = Diff::make(&twin, &page);
         for _ in 0..5000 {
-            let mut bytes = good.0.clone();
+            let mut bytes = good.0.to_vec();
             if bytes.is_empty() {
                 break;
             }
@@ -365,17 +402,26 @@ mod tests {
                 _ => bytes.extend((0..rng.below(9)).map(|_| rng.next() as u8)),
             }
             let mut target = vec![7u8; 256];
-            if Diff(bytes).apply(&mut target).is_err() {
+            if Diff(bytes.into()).apply(&mut target).is_err() {
                 assert_eq!(target, vec![7u8; 256]);
             }
         }
         assert!(matches!(
-            Diff(vec![0x05, 0xff, 0xff, 0x03]).apply(&mut [0; 16]),
+            Diff(vec![0x05, 0xff, 0xff, 0x03].into()).apply(&mut [0; 16]),
             Err(DiffError::Overrun { .. })
         ));
-        assert!(matches!(Diff(vec![0x01, 0x04, 1]).apply(&mut [0; 16]), Err(DiffError::Overrun { .. })));
-        assert!(matches!(Diff(vec![0x00, 0x04, 1]).apply(&mut [0; 16]), Err(DiffError::Truncated { .. })));
-        assert!(matches!(Diff(vec![0x00, 0x03, 1]).apply(&mut [0; 16]), Err(DiffError::Truncated { .. })));
+        assert!(matches!(
+            Diff(vec![0x01, 0x04, 1].into()).apply(&mut [0; 16]),
+            Err(DiffError::Overrun { .. })
+        ));
+        assert!(matches!(
+            Diff(vec![0x00, 0x04, 1].into()).apply(&mut [0; 16]),
+            Err(DiffError::Truncated { .. })
+        ));
+        assert!(matches!(
+            Diff(vec![0x00, 0x03, 1].into()).apply(&mut [0; 16]),
+            Err(DiffError::Truncated { .. })
+        ));
     }
 
     #[test]
@@ -423,7 +469,7 @@ mod tests {
         // The same bytes cut short, or claimed for a smaller page, are typed errors.
         let mut short = d.0.to_vec();
         short.truncate(2000);
-        assert!(matches!(Diff(short).apply(&mut t), Err(DiffError::Truncated { .. })));
+        assert!(matches!(Diff(short.into()).apply(&mut t), Err(DiffError::Truncated { .. })));
         assert!(matches!(d.apply(&mut [0; 2048]), Err(DiffError::Overrun { .. })));
         assert_eq!(t, page, "failed applies change nothing");
     }
@@ -462,6 +508,22 @@ mod tests {
             d.apply(&mut t).unwrap();
             assert_eq!(t, page);
         }
+    }
+
+    #[test]
+    fn clones_share_bytes_and_the_wire_form_is_a_byte_string() {
+        let twin = vec![0u8; 4096];
+        let page: Vec<u8> = (0..4096u32).map(|i| (i % 7) as u8).collect();
+        let d = Diff::make(&twin, &page);
+        let c = d.clone();
+        assert!(Arc::ptr_eq(&d.0, &c.0), "a clone is a reference count");
+        // Encoded exactly as serde_bytes encodes a byte vector (as before the bytes were shared).
+        let wire = postcard::to_allocvec(&d).unwrap();
+        assert_eq!(wire, postcard::to_allocvec(&serde_bytes::Bytes::new(&d.0)).unwrap());
+        let back: Diff = postcard::from_bytes(&wire).unwrap();
+        assert_eq!(back, d);
+        // Cut short: an error, not a panic.
+        assert!(postcard::from_bytes::<Diff>(&wire[..wire.len() - 1]).is_err());
     }
 
     #[test]
