@@ -8,7 +8,9 @@
 //! - the two fault backends ([`FaultBackend`]: `mprotect` and userfaultfd) and their selection
 //!   ([`FaultsMode`], [`select_backend`]);
 //! - [`HeapPages`], the protocol core's [`PageMemory`](crate::protocol::memory::PageMemory) over
-//!   the real heap.
+//!   the real heap;
+//! - [`bytes`]: the SIMD byte-compare kernel of diff making (pure, no heap: it is here only
+//!   because its intrinsics are `unsafe`).
 //!
 //! It does not own the protocol (which pages are valid, diffs, write notices) nor any I/O other
 //! than its eventfds: the runtime drives it.
@@ -139,6 +141,7 @@
 //!   blocked.
 
 mod backend;
+pub mod bytes;
 mod doorbell;
 mod error;
 mod fault;

@@ -135,9 +135,16 @@ impl Service {
                     std::process::exit(1);
                 }
             }
-            self.pump();
+            let sent = self.pump();
             if self.failed.is_some() && deadline.is_none() {
                 deadline = Some(tokio::time::Instant::now() + GRACE);
+            }
+            if sent {
+                // Let the link writers put the frames on the wire before the next event is
+                // handled. Otherwise, with more requests already queued (a bulk fetch ramps its
+                // requests), this loop serves them all before the first reply leaves, and the
+                // requester applies nothing until the writer has diffed everything.
+                tokio::task::yield_now().await;
             }
         }
         if self.shutdown {
@@ -173,11 +180,14 @@ impl Service {
                 if self.failed.is_some() {
                     return;
                 }
-                let msg: Message = match codec::decode_payload(&payload) {
+                let decoded = codec::decode_payload(&payload);
+                let len = payload.len();
+                self.links.recycle(payload);
+                let msg: Message = match decoded {
                     Ok(m) => m,
                     Err(e) => return self.fail(format!("malformed message from {from}: {e}")),
                 };
-                self.stats.count_received(from, msg.kind(), payload.len() + 4);
+                self.stats.count_received(from, msg.kind(), len + 4);
                 self.drain_twins();
                 if let Err(e) = self.node.handle_message(from, msg) {
                     self.fail(format!("protocol error on a message from {from}: {e}"));
@@ -269,8 +279,9 @@ impl Service {
         s
     }
 
-    /// Sends what the node wants sent and hands completions to the application.
-    fn pump(&mut self) {
+    /// Sends what the node wants sent and hands completions to the application; returns true if
+    /// it queued a frame.
+    fn pump(&mut self) -> bool {
         match (self.gc_started, self.node.collecting()) {
             (None, true) => self.gc_started = Some(Instant::now()),
             (Some(t), false) => {
@@ -282,8 +293,10 @@ impl Service {
         while let Some(w) = self.node.poll_warning() {
             crate::report(&format!("treadmarks: {}: warning: {w}", self.node.id()));
         }
+        let mut sent_any = false;
         while let Some((to, msg)) = self.node.poll_transmit() {
-            let mut frame = Vec::new();
+            sent_any = true;
+            let mut frame = self.links.buffer();
             let sent = codec::encode_frame(&msg, &mut frame).map_err(|e| e.to_string()).and_then(|n| {
                 self.stats.count_sent(to, msg.kind(), n);
                 self.links.send(to, frame).map_err(|e| e.to_string())
@@ -308,6 +321,7 @@ impl Service {
                 other => self.reply(Ok(Reply::Done(other))),
             }
         }
+        sent_any
     }
 
     fn reply(&mut self, r: crate::Result<Reply>) {

@@ -1,0 +1,106 @@
+//! Byte-wise comparison of two equal-length buffers, a SIMD kernel for the diff code.
+//!
+//! [`Diff::make`](crate::protocol::diff::Diff::make) needs, for every 8-byte word of a page,
+//! which of its bytes differ from the twin. Scalar bit tricks cost about a nanosecond per word;
+//! SSE2 (part of the x86_64 baseline) compares 16 bytes and gathers their equality bits in three
+//! instructions, about five times faster. The intrinsics are `unsafe` to call, so the kernel lives
+//! here, behind a safe function; other targets use the portable fallback.
+
+/// For each 8-byte word `i` of `a` and `b`, sets `masks[i]` bit `k` if byte `k` of the word
+/// differs.
+///
+/// # Panics
+///
+/// If `a` and `b` differ in length, their length is not a multiple of 8, or `masks` does not
+/// have one byte per word.
+pub fn changed_byte_masks(a: &[u8], b: &[u8], masks: &mut [u8]) {
+    assert_eq!(a.len(), b.len(), "changed_byte_masks of buffers of different sizes");
+    assert!(a.len().is_multiple_of(8), "changed_byte_masks of {} bytes, not whole words", a.len());
+    assert_eq!(masks.len(), a.len() / 8, "changed_byte_masks needs one mask byte per word");
+    let pairs = a.len() / 16;
+    simd_pairs(&a[..pairs * 16], &b[..pairs * 16], &mut masks[..pairs * 2]);
+    portable(&a[pairs * 16..], &b[pairs * 16..], &mut masks[pairs * 2..]);
+}
+
+#[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+fn simd_pairs(a: &[u8], b: &[u8], masks: &mut [u8]) {
+    use std::arch::x86_64::{_mm_cmpeq_epi8, _mm_movemask_epi8, _mm_set_epi64x};
+    let lanes = |c: &[u8]| {
+        let lo = i64::from_le_bytes(c[..8].try_into().expect("8 bytes"));
+        let hi = i64::from_le_bytes(c[8..].try_into().expect("8 bytes"));
+        (hi, lo)
+    };
+    for ((ca, cb), m) in a.chunks_exact(16).zip(b.chunks_exact(16)).zip(masks.chunks_exact_mut(2)) {
+        let ((ahi, alo), (bhi, blo)) = (lanes(ca), lanes(cb));
+        // SAFETY: SSE2 is enabled for this build (the cfg above), which is all these intrinsics
+        // require; they operate on register values only and touch no memory.
+        let equal =
+            unsafe { _mm_movemask_epi8(_mm_cmpeq_epi8(_mm_set_epi64x(ahi, alo), _mm_set_epi64x(bhi, blo))) };
+        let changed = !(equal as u32);
+        m[0] = changed as u8;
+        m[1] = (changed >> 8) as u8;
+    }
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_feature = "sse2")))]
+fn simd_pairs(a: &[u8], b: &[u8], masks: &mut [u8]) {
+    portable(a, b, masks);
+}
+
+fn portable(a: &[u8], b: &[u8], masks: &mut [u8]) {
+    const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    for ((ca, cb), m) in a.chunks_exact(8).zip(b.chunks_exact(8)).zip(masks.iter_mut()) {
+        let x = u64::from_le_bytes(ca.try_into().expect("8 bytes"))
+            ^ u64::from_le_bytes(cb.try_into().expect("8 bytes"));
+        // The high bit of every nonzero byte, moved to bit 8i, then gathered into bits 56..64 by
+        // a multiplication without carries.
+        let nonzero = (((x & LOW7) + LOW7) | x) & HIGH;
+        *m = ((nonzero >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56) as u8;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn naive(a: &[u8], b: &[u8]) -> Vec<u8> {
+        a.chunks(8)
+            .zip(b.chunks(8))
+            .map(|(x, y)| (0..8).fold(0u8, |m, k| m | (u8::from(x[k] != y[k]) << k)))
+            .collect()
+    }
+
+    #[test]
+    fn masks_match_a_byte_by_byte_compare() {
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        for len in [0, 8, 16, 24, 64, 4096 + 8, 4096] {
+            for _ in 0..200 {
+                let a: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+                // Each byte equal with probability 1/2 (SIMD pair, odd tail word, all patterns).
+                let b: Vec<u8> = a
+                    .iter()
+                    .map(|&x| if next() & 1 == 0 { x } else { x ^ (1 + next() as u8 % 255) })
+                    .collect();
+                let mut m = vec![0xa5; len / 8];
+                changed_byte_masks(&a, &b, &mut m);
+                assert_eq!(m, naive(&a, &b), "len {len}");
+                let mut p = vec![0xa5; len / 8];
+                portable(&a, &b, &mut p);
+                assert_eq!(p, m);
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "one mask byte per word")]
+    fn a_mask_buffer_of_the_wrong_size_panics() {
+        changed_byte_masks(&[0; 16], &[1; 16], &mut [0; 1]);
+    }
+}
