@@ -13,7 +13,8 @@
 //! | bound on meeting the other nodes | `TMK_CONNECT_TIMEOUT` (seconds) | | 30 |
 //! | how long the application polls for a reply, or for a fault's resolution, before it sleeps | `TMK_SPIN_US` (µs) | | 100 |
 //! | push diffs at barriers to pages' earlier readers | `TMK_PUSH=0` turns it off | | on |
-//! | real-time scheduling of the service thread (needs privilege; slower on the 2-vCPU VM we measured) | `TMK_SERVICE_RT=1` | | off |
+//! | pin each node (its application and service threads) to one CPU, node `r` to the `r`-th allowed CPU modulo their number | `TMK_PIN=1` / `TMK_PIN=0` | | on in a job started with `-n N` on one machine, off for nodes that join with `TMK_RANK` |
+//! | real-time (`SCHED_FIFO`) service thread, so it preempts its own application thread at once (needs privilege; ignored without) | `TMK_SERVICE_RT=1` / `TMK_SERVICE_RT=0` | | as pinning |
 //! | fault backend | `TMK_FAULTS` (`auto`, `uffd`, `mprotect`) | | `auto`: userfaultfd if the kernel offers it |
 //!
 //! Flags win over variables. Flags this module does not know are left for the application.
@@ -63,6 +64,10 @@ pub struct Config {
     pub connect_timeout: Duration,
     /// How page faults are caught (`TMK_FAULTS`): see [`crate::mem::FaultBackend`].
     pub faults: FaultsMode,
+    /// Pin this node to one CPU (`TMK_PIN`); `None`: only in a job launched on one machine.
+    pub pin: Option<bool>,
+    /// Real-time service thread (`TMK_SERVICE_RT`); `None`: when pinned.
+    pub service_rt: Option<bool>,
 }
 
 impl Default for Config {
@@ -81,6 +86,8 @@ impl Default for Config {
             stats_json: false,
             connect_timeout: Duration::from_secs(30),
             faults: FaultsMode::Auto,
+            pin: None,
+            service_rt: None,
         }
     }
 }
@@ -143,6 +150,12 @@ impl Config {
         c.gc_threshold = c.gc_threshold.min(c.heap_size as u64 / 4);
         if let Some(v) = env("TMK_GC_THRESHOLD") {
             c.gc_threshold = parse_size("TMK_GC_THRESHOLD", &v)? as u64;
+        }
+        if let Some(v) = env("TMK_PIN") {
+            c.pin = Some(v != "0");
+        }
+        if let Some(v) = env("TMK_SERVICE_RT") {
+            c.service_rt = Some(v != "0");
         }
         if let Some(v) = env("TMK_PUSH") {
             c.push = v != "0";

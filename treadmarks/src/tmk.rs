@@ -112,6 +112,13 @@ impl Tmk {
                 }
                 Role::Member { .. } => (None, config.root.expect("validated: members know the root")),
             };
+            // All nodes of a job launched here share this machine's CPUs: give each its own
+            // (its application and service threads), so that its protection changes need no
+            // TLB shootdown on another CPU and its threads hand work to each other on one run
+            // queue; a real-time service thread then preempts its own application at once.
+            let local_job = matches!(config.role, Role::Launcher) || launch::spawned_by_launcher();
+            let pinned = config.pin.unwrap_or(local_job) && crate::mem::sched::pin_to_cpu(me.idx()).is_some();
+            let service_rt = config.service_rt.unwrap_or(pinned);
             let doorbell = Doorbell::new()?;
             doorbell.set_spin(crate::runtime::spin_budget());
             let faults = FaultHandler::install(heap.clone(), doorbell.clone())?;
@@ -130,7 +137,7 @@ impl Tmk {
                 reply: Mutex::new(None),
                 doorbell,
             });
-            let handle = service::spawn(node, heap.clone(), mailbox.clone(), mesh)?;
+            let handle = service::spawn(node, heap.clone(), mailbox.clone(), mesh, service_rt)?;
             (Engine::Remote { mailbox, service: Some(handle) }, Some(faults))
         };
         Ok(Tmk {

@@ -128,6 +128,11 @@ impl Drop for Children {
     }
 }
 
+/// True in a node a launcher spawned on its own machine.
+pub(crate) fn spawned_by_launcher() -> bool {
+    std::env::var_os("TMK_LAUNCHER_PID").is_some()
+}
+
 /// In a node spawned by a launcher: die with the launcher, even if it is killed.
 pub(crate) fn follow_launcher() {
     let Some(pid) = std::env::var("TMK_LAUNCHER_PID").ok().and_then(|p| p.parse::<i32>().ok()) else {

@@ -49,19 +49,21 @@ struct Service {
     open: Vec<bool>,
 }
 
-/// Starts the service thread for `node` over `mesh`; returns once its links are up.
+/// Starts the service thread for `node` over `mesh` (real-time if `service_rt` and allowed);
+/// returns once its links are up.
 pub(crate) fn spawn(
     node: Node<HeapPages>,
     heap: Arc<Heap>,
     mailbox: Arc<Mailbox>,
     mesh: Mesh,
+    service_rt: bool,
 ) -> crate::Result<std::thread::JoinHandle<()>> {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let name = format!("tmk-service-{}", node.id().0);
     let handle = std::thread::Builder::new()
         .name(name)
         .spawn(move || {
-            if std::env::var("TMK_SERVICE_RT").is_ok_and(|v| v == "1") {
+            if service_rt {
                 crate::mem::sched::prioritize_service_thread();
             }
             let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
