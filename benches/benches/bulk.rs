@@ -1,11 +1,16 @@
 //! `cargo bench -p treadmarks-benches --bench bulk`: how fast a node pulls a peer's writes.
 //!
-//! Two nodes on 127.0.0.1. For each size, node 1 rewrites `pages` whole pages (every word
-//! changes, as a transpose or a scatter does), both pass a barrier, and node 0 takes a view of
-//! them: one validation that asks node 1 for every diff and applies them. That is timed against
-//! sending the same number of bytes over a plain TCP socket between the same two processes, in
-//! the same run, so the ratio says what the diff path (freezing, diffing, encoding, framing,
-//! applying) costs on top of the wire.
+//! Two nodes on 127.0.0.1. For each size, in each round, node 1 rewrites `pages` whole pages
+//! (every word changes, as a transpose or a scatter does), both pass a barrier, and node 0 takes
+//! a view of them. Two cases, timed in the same run against sending the same number of bytes
+//! over a plain TCP socket between the same two processes:
+//!
+//! - **fetch**: fresh pages every round, which node 0 never touched before: the view is one
+//!   validation that asks node 1 for every diff and applies them (freezing, diffing, encoding,
+//!   framing, applying, on top of the wire; and the first touch of the memory at both ends);
+//! - **reread**: the same pages every round: node 0 read them last round, so node 1 pushes their
+//!   diffs at the barrier (`protocol/push.rs`) and the view only applies them. With
+//!   `TMK_PUSH=0` this is a fetch of warm pages instead.
 //!
 //! Without `--bench` (e.g. under `cargo test --benches`) it runs fewer rounds, as a smoke run.
 //! Timings are reported, never asserted.
@@ -56,44 +61,61 @@ fn run() -> Result<()> {
         None => connect(port)?,
     };
 
+    // Fresh regions for the fetch case (one per round, round 0 included), and one reread every
+    // round.
     let largest = SIZES.iter().max().copied().unwrap_or(0);
     let words = page / 8;
+    let regions = rounds as usize + 2;
     let mut data: Shared<[u64]> = Shared::from_raw_parts(0, 0);
     if me == 0 {
-        data = tmk.alloc_pages::<u64>(largest * words)?;
+        data = tmk.alloc_pages::<u64>(largest * words * regions)?;
     }
     tmk.distribute(&mut data)?;
 
     let mut rows = Vec::new();
     for pages in SIZES {
-        let part = data.slice(0, pages * words);
-        let (mut dsm, mut wire) = (Vec::new(), Vec::new());
+        let region = |r: usize| data.slice(r * largest * words, (r * largest + pages) * words);
+        let (mut fetch, mut reread, mut wire) = (Vec::new(), Vec::new(), Vec::new());
         let before = tmk.stats()?.protocol.diff_bytes_applied;
         for round in 0..=rounds {
-            // Round 0 warms up (first-touch faults, twins made for the first time).
-            if me == 1 {
-                for (i, x) in tmk.view_mut(&part)?.iter_mut().enumerate() {
-                    *x = (i as u64 ^ round.rotate_left(17)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            // Round 0 warms up (first-touch faults, twins made for the first time, and the
+            // first read of the reused region, which subscribes node 0 to it).
+            for (case, part) in [(0, region(round as usize)), (1, region(regions - 1))] {
+                if me == 1 {
+                    for (i, x) in tmk.view_mut(&part)?.iter_mut().enumerate() {
+                        *x = (i as u64 ^ round.rotate_left(17)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                    }
                 }
+                tmk.barrier(0)?;
+                if me == 0 {
+                    let t = Instant::now();
+                    let sum: u64 = tmk.view(&part)?.iter().fold(0, |a, &x| a.wrapping_add(x));
+                    let d = t.elapsed();
+                    std::hint::black_box(sum);
+                    if round > 0 {
+                        if case == 0 { &mut fetch } else { &mut reread }.push(d);
+                    }
+                }
+                tmk.barrier(0)?;
             }
-            tmk.barrier(0)?;
             if me == 0 {
-                let t = Instant::now();
-                let sum: u64 = tmk.view(&part)?.iter().fold(0, |a, &x| a.wrapping_add(x));
-                let d = t.elapsed();
-                std::hint::black_box(sum);
                 let w = raw_transfer(&mut raw, pages * page, true)?;
                 if round > 0 {
-                    dsm.push(d);
                     wire.push(w);
                 }
             } else {
                 raw_transfer(&mut raw, pages * page, false)?;
             }
-            tmk.barrier(0)?;
         }
         let diff_bytes = tmk.stats()?.protocol.diff_bytes_applied - before;
-        rows.push((pages, Summary::of(&dsm), Summary::of(&wire), diff_bytes));
+        let per_page = diff_bytes as f64 / (2.0 * pages as f64 * (rounds + 1) as f64);
+        rows.push(Row {
+            pages,
+            fetch: Summary::of(&fetch),
+            reread: Summary::of(&reread),
+            wire: Summary::of(&wire),
+            per_page,
+        });
     }
     drop(raw);
     if me == 0 {
@@ -130,33 +152,54 @@ fn raw_transfer(s: &mut TcpStream, bytes: usize, receiver: bool) -> Result<Durat
     Ok(t.elapsed())
 }
 
-fn report(rows: &[(usize, Summary, Summary, u64)], page: usize, rounds: u64) {
+/// One size's figures.
+struct Row {
+    pages: usize,
+    fetch: Summary,
+    reread: Summary,
+    wire: Summary,
+    /// Diff bytes applied per page.
+    per_page: f64,
+}
+
+fn report(rows: &[Row], page: usize, rounds: u64) {
     println!(
-        "\ntreadmarks bulk fetch: node 0 views pages node 1 rewrote, 2 nodes on 127.0.0.1, {rounds} rounds"
+        "\ntreadmarks bulk fetch: node 0 views pages node 1 rewrote, 2 nodes on 127.0.0.1, {rounds} rounds, medians"
     );
     println!(
-        "  {:>6} {:>9} {:>12} {:>12} {:>10} {:>11} {:>12}",
-        "pages", "MB", "view µs", "raw TCP µs", "view/raw", "view MB/s", "diff B/page"
+        "  {:>6} {:>7} {:>10} {:>10} {:>11} {:>10} {:>11} {:>10} {:>11}",
+        "pages",
+        "MB",
+        "fetch µs",
+        "fetch/raw",
+        "fetch MB/s",
+        "reread µs",
+        "reread/raw",
+        "raw µs",
+        "diff B/page"
     );
-    for (pages, dsm, wire, diff_bytes) in rows {
-        let mb = (pages * page) as f64 / 1e6;
+    for r in rows {
+        let mb = (r.pages * page) as f64 / 1e6;
         println!(
-            "  {:>6} {:>9.2} {:>12.1} {:>12.1} {:>10.2} {:>11.0} {:>12.0}",
-            pages,
+            "  {:>6} {:>7.2} {:>10.1} {:>10.2} {:>11.0} {:>10.1} {:>11.2} {:>10.1} {:>11.0}",
+            r.pages,
             mb,
-            dsm.p50_us,
-            wire.p50_us,
-            dsm.p50_us / wire.p50_us,
-            mb / (dsm.p50_us / 1e6),
-            *diff_bytes as f64 / (*pages as f64 * (rounds + 1) as f64),
+            r.fetch.p50_us,
+            r.fetch.p50_us / r.wire.p50_us,
+            mb / (r.fetch.p50_us / 1e6),
+            r.reread.p50_us,
+            r.reread.p50_us / r.wire.p50_us,
+            r.wire.p50_us,
+            r.per_page,
         );
     }
     let fields: Vec<String> = rows
         .iter()
-        .flat_map(|(pages, dsm, wire, _)| {
+        .flat_map(|r| {
             [
-                format!("\"view_{pages}_p50_us\":{:.1}", dsm.p50_us),
-                format!("\"raw_{pages}_p50_us\":{:.1}", wire.p50_us),
+                format!("\"fetch_{}_p50_us\":{:.1}", r.pages, r.fetch.p50_us),
+                format!("\"reread_{}_p50_us\":{:.1}", r.pages, r.reread.p50_us),
+                format!("\"raw_{}_p50_us\":{:.1}", r.pages, r.wire.p50_us),
             ]
         })
         .collect();

@@ -32,7 +32,7 @@
 use super::ProtocolError;
 use super::ids::{DiffSeq, IntervalIdx, NodeId, PageIdx};
 use super::memory::PageMemory;
-use super::msg::{DiffAsk, DiffWire, Message, PushedDiffs};
+use super::msg::{DiffAsk, DiffWire, Message, PageDiffs, PushedDiffs};
 use super::node::Node;
 use super::page::{PAGES_PER_REQUEST, WriterState};
 use std::collections::BTreeMap;
@@ -73,12 +73,7 @@ impl PushState {
 impl<M: PageMemory> Node<M> {
     /// After serving `asks` from `from` with `served` (in the same order): `from` subscribes to
     /// those pages, and now has every diff it was sent.
-    pub(crate) fn note_subscribers(
-        &mut self,
-        from: NodeId,
-        asks: &[DiffAsk],
-        served: &[super::msg::PageDiffs],
-    ) {
+    pub(crate) fn note_subscribers(&mut self, from: NodeId, asks: &[DiffAsk], served: &[PageDiffs]) {
         if !self.cfg.push {
             return;
         }
