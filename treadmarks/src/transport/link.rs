@@ -26,13 +26,13 @@
 //! - counters count data frames and their bytes (header included); the goodbye frame is not
 //!   counted.
 //!
-//! Frame buffers are recycled: a writer hands a written frame back to the links' [`BufferPool`],
+//! Frame buffers are recycled: a writer hands a written frame back to the links' `BufferPool`,
 //! [`Links::buffer`] hands it out again to encode the next frame into, a reader fills a pooled
 //! buffer with the next payload, and the caller gives the payload back with
 //! [`Links::recycle`] once decoded. A bulk transfer moves frames of about a megabyte; a fresh
 //! vector for each costs a page fault per 4 KiB (and zeroing) on both sides, which the profile
 //! of a bulk fetch showed as the largest single cost of the receiving service thread. The pool
-//! is bounded ([`POOL_BYTES`]), so it holds at most a few frames' worth of memory.
+//! is bounded (`POOL_BYTES`), so it holds at most a few frames' worth of memory.
 
 use std::io;
 use std::sync::Arc;
