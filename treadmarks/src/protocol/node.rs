@@ -359,13 +359,13 @@ impl<M: PageMemory> Node<M> {
                 fresh.push(p);
             }
         }
-        for p in unchanged {
+        for &p in &unchanged {
             let meta = &mut self.pages[p.idx()];
             meta.twin = None;
             meta.renewed = false;
             self.twinned.remove(&p);
-            self.mem.set_access(p, 1, Access::Read);
         }
+        self.set_access_in_runs(unchanged, Access::Read);
         if fresh.is_empty() {
             return;
         }
@@ -424,12 +424,24 @@ impl<M: PageMemory> Node<M> {
             return Ok(false);
         }
         self.close_interval(true);
+        // Our twins of pages others wrote are cut (their diffs made) before the notices are
+        // recorded, all revoked first with one protection change per run of pages.
+        let mut cut: Vec<PageIdx> = recs
+            .iter()
+            .flat_map(|r| r.pages.iter().copied())
+            .filter(|p| self.pages[p.idx()].twin.is_some())
+            .collect();
+        cut.sort_unstable();
+        cut.dedup();
+        let revoke: Vec<PageIdx> =
+            cut.iter().copied().filter(|&p| self.mem.access(p) != Access::None).collect();
+        self.set_access_in_runs(revoke, Access::None);
+        for p in cut {
+            self.cut_revoked(p, Access::None, false);
+        }
         let mut invalid = Vec::new();
         for rec in recs {
             for &p in &rec.pages {
-                if self.pages[p.idx()].twin.is_some() {
-                    self.cut_twin(p, Access::None);
-                }
                 let w = self.pages[p.idx()].writer(rec.node, n, &mut self.acct.writer_tables);
                 w.noticed = w.noticed.max(rec.index);
                 invalid.push(p);

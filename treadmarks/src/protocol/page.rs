@@ -171,7 +171,7 @@ impl<M: PageMemory> Node<M> {
 
     /// [`Node::cut_twin`] on a page already invalid or frozen (`Access::None`), leaving its final
     /// protection to the caller, which may set many pages' in runs: returns it.
-    fn cut_revoked(&mut self, p: PageIdx, then: Access, was_writable: bool) -> Access {
+    pub(crate) fn cut_revoked(&mut self, p: PageIdx, then: Access, was_writable: bool) -> Access {
         let Some(first) = self.pages[p.idx()].twin.take() else { return then };
         let hot = then == Access::Read && was_writable && first >= self.vt.get(self.me);
         self.pages[p.idx()].renewed = false;
