@@ -142,7 +142,8 @@ impl<M: PageMemory> Node<M> {
     }
 
     /// Makes a diff from the twin and drops the twin; the page ends with protection `then`
-    /// (`Read` when serving a request, `None` when a write notice invalidates it anyway).
+    /// (`Read` when serving a request; incoming write notices cut with `None`, through
+    /// [`Node::cut_revoked`] after revoking many pages in runs, as they invalidate them anyway).
     ///
     /// The page-sharing rule: write access is taken *before* the twin and page are read, and not
     /// by making the page `Read`: a write in that window would take the fault handler's fast
