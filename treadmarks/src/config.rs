@@ -15,6 +15,7 @@
 //! | push diffs at barriers to pages' earlier readers | `TMK_PUSH=0` turns it off | | on |
 //! | pin each node (its application and service threads) to one CPU, node `r` to the `r`-th allowed CPU modulo their number | `TMK_PIN=1` / `TMK_PIN=0` | | on in a job started with `-n N` on one machine, off for nodes that join with `TMK_RANK` |
 //! | real-time (`SCHED_FIFO`) service thread, so it preempts its own application thread at once (needs privilege; ignored without) | `TMK_SERVICE_RT=1` / `TMK_SERVICE_RT=0` | | as pinning |
+//! | how long the service thread polls its sockets, instead of sleeping, while the application waits for an answer | `TMK_SERVICE_SPIN_US` (µs) | | 1000 when pinned with a CPU to each node of the job, else 0 |
 //! | fault backend | `TMK_FAULTS` (`auto`, `uffd`, `mprotect`) | | `auto`: userfaultfd if the kernel offers it |
 //!
 //! Flags win over variables. Flags this module does not know are left for the application.
@@ -68,7 +69,13 @@ pub struct Config {
     pub pin: Option<bool>,
     /// Real-time service thread (`TMK_SERVICE_RT`); `None`: when pinned.
     pub service_rt: Option<bool>,
+    /// How long the service thread polls while the application waits (`TMK_SERVICE_SPIN_US`);
+    /// `None`: [`DEFAULT_SERVICE_SPIN`] when the node has a CPU of its own, else none.
+    pub service_spin: Option<Duration>,
 }
+
+/// The service thread's polling budget for a node pinned to a CPU of its own.
+pub const DEFAULT_SERVICE_SPIN: Duration = Duration::from_micros(1000);
 
 impl Default for Config {
     fn default() -> Self {
@@ -88,6 +95,7 @@ impl Default for Config {
             faults: FaultsMode::Auto,
             pin: None,
             service_rt: None,
+            service_spin: None,
         }
     }
 }
@@ -156,6 +164,9 @@ impl Config {
         }
         if let Some(v) = env("TMK_SERVICE_RT") {
             c.service_rt = Some(v != "0");
+        }
+        if let Some(v) = env("TMK_SERVICE_SPIN_US") {
+            c.service_spin = Some(Duration::from_micros(num("TMK_SERVICE_SPIN_US", &v)?));
         }
         if let Some(v) = env("TMK_PUSH") {
             c.push = v != "0";

@@ -117,8 +117,17 @@ impl Tmk {
             // TLB shootdown on another CPU and its threads hand work to each other on one run
             // queue; a real-time service thread then preempts its own application at once.
             let local_job = matches!(config.role, Role::Launcher) || launch::spawned_by_launcher();
+            let cpus = crate::mem::sched::allowed_cpus();
             let pinned = config.pin.unwrap_or(local_job) && crate::mem::sched::pin_to_cpu(me.idx()).is_some();
             let service_rt = config.service_rt.unwrap_or(pinned);
+            // A node with a CPU of its own wastes nothing by polling while its application
+            // waits; a node sharing one would take it from the other node's computation.
+            let own_cpu = pinned && usize::from(n) <= cpus;
+            let service_spin = config.service_spin.unwrap_or(if own_cpu {
+                crate::config::DEFAULT_SERVICE_SPIN
+            } else {
+                std::time::Duration::ZERO
+            });
             let doorbell = Doorbell::new()?;
             doorbell.set_spin(crate::runtime::spin_budget());
             let faults = FaultHandler::install(heap.clone(), doorbell.clone())?;
@@ -137,7 +146,7 @@ impl Tmk {
                 reply: Mutex::new(None),
                 doorbell,
             });
-            let handle = service::spawn(node, heap.clone(), mailbox.clone(), mesh, service_rt)?;
+            let handle = service::spawn(node, heap.clone(), mailbox.clone(), mesh, service_rt, service_spin)?;
             (Engine::Remote { mailbox, service: Some(handle) }, Some(faults))
         };
         Ok(Tmk {

@@ -26,6 +26,16 @@ pub fn prioritize_service_thread() -> ServicePriority {
     if rc == 0 { ServicePriority::RealTime } else { ServicePriority::Normal }
 }
 
+/// How many CPUs the calling thread may run on.
+pub fn allowed_cpus() -> usize {
+    use nix::sched::{CpuSet, sched_getaffinity};
+    use nix::unistd::Pid;
+    match sched_getaffinity(Pid::from_raw(0)) {
+        Ok(set) => (0..CpuSet::count()).filter(|&c| set.is_set(c).unwrap_or(false)).count(),
+        Err(_) => 1,
+    }
+}
+
 /// Pins the calling thread, and the threads it starts afterwards, to one CPU among those it may
 /// run on: the `index`-th, modulo their number. Returns the CPU, or `None` if the kernel refused.
 pub fn pin_to_cpu(index: usize) -> Option<usize> {

@@ -5,6 +5,12 @@
 //! Before every protocol step it drains the twins the fault handler made on its own, so the node
 //! knows every writable page before it closes an interval or serves a diff.
 //!
+//! While the application waits for an answer (a command's reply, a fault's resolution), the
+//! thread may poll its sockets instead of sleeping in `epoll` (the spin budget, see
+//! [`crate::config::Config::service_spin`]): an answer then needs no wake-up of this thread,
+//! which on a virtual machine costs an inter-processor interrupt and tens of microseconds.
+//! Polling stops when the answer is handed over, or when the budget is spent.
+//!
 //! Failure: a peer that dies, leaves early or sends garbage, or a protocol error, fails the job.
 //! The application gets an error from its pending or next call; if it is blocked in a page fault
 //! (where no error can be returned) the node prints why and exits with status 1; if it computes
@@ -47,6 +53,10 @@ struct Service {
     /// When the collection in progress began.
     gc_started: Option<Instant>,
     open: Vec<bool>,
+    /// How long to poll instead of sleeping once the application waits.
+    spin: Duration,
+    /// Until when to poll: set when the application starts waiting, cleared when it resumes.
+    spin_until: Option<Instant>,
 }
 
 /// Starts the service thread for `node` over `mesh` (real-time if `service_rt` and allowed);
@@ -57,6 +67,7 @@ pub(crate) fn spawn(
     mailbox: Arc<Mailbox>,
     mesh: Mesh,
     service_rt: bool,
+    spin: Duration,
 ) -> crate::Result<std::thread::JoinHandle<()>> {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let name = format!("tmk-service-{}", node.id().0);
@@ -95,6 +106,8 @@ pub(crate) fn spawn(
                         shutdown: false,
                         gc_started: None,
                         open: (0..nprocs).map(|n| n != me.idx()).collect(),
+                        spin,
+                        spin_until: None,
                     };
                     let _ = ready_tx.send(Ok(()));
                     svc.run(rx).await;
@@ -119,6 +132,7 @@ impl Service {
             .expect("register the doorbell eventfd with tokio");
         let mut deadline: Option<tokio::time::Instant> = None;
         while !self.exited && !self.shutdown {
+            let polling = self.polling();
             tokio::select! {
                 ev = events.recv() => match ev {
                     Some(ev) => self.on_link(ev),
@@ -136,6 +150,8 @@ impl Service {
                     crate::report(&format!("treadmarks: {}: exiting: {why}", self.node.id()));
                     std::process::exit(1);
                 }
+                // Gives the runtime a turn, in which it polls the sockets without sleeping.
+                _ = tokio::task::yield_now(), if polling => {}
             }
             let sent = self.pump();
             if self.failed.is_some() && deadline.is_none() {
@@ -169,6 +185,32 @@ impl Service {
         })
         .await;
         self.links.flush_and_close().await;
+    }
+
+    /// Whether to poll rather than sleep: the application waits and the budget is not spent.
+    fn polling(&mut self) -> bool {
+        match self.spin_until {
+            Some(until) if Instant::now() < until => true,
+            Some(_) => {
+                self.spin_until = None;
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// The application now waits for an answer.
+    fn app_waits(&mut self, how: App) {
+        self.app = how;
+        if !self.spin.is_zero() {
+            self.spin_until = Some(Instant::now() + self.spin);
+        }
+    }
+
+    /// The application has its answer and runs again.
+    fn app_resumes(&mut self) {
+        self.app = App::Running;
+        self.spin_until = None;
     }
 
     fn drain_twins(&mut self) {
@@ -223,7 +265,7 @@ impl Service {
             }
         }
         if let Some((page, kind)) = self.mailbox.doorbell.take_fault() {
-            self.app = App::InFault(Instant::now());
+            self.app_waits(App::InFault(Instant::now()));
             if let Some(why) = &self.failed {
                 fault_exit(self.node.id(), why);
             }
@@ -246,7 +288,7 @@ impl Service {
             }
             return;
         }
-        self.app = App::InCommand;
+        self.app_waits(App::InCommand);
         if matches!(cmd, Command::Shutdown) {
             self.shutdown = true;
             return;
@@ -313,7 +355,7 @@ impl Service {
                     if let App::InFault(t) = self.app {
                         self.stats.miss_wait += t.elapsed();
                     }
-                    self.app = App::Running;
+                    self.app_resumes();
                     self.mailbox.doorbell.fault_resolved();
                 }
                 AppDone::Exited => {
@@ -328,7 +370,7 @@ impl Service {
 
     fn reply(&mut self, r: crate::Result<Reply>) {
         *self.mailbox.reply.lock().expect("mailbox") = Some(r);
-        self.app = App::Running;
+        self.app_resumes();
         self.mailbox.doorbell.wake_app();
     }
 
