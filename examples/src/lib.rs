@@ -6,7 +6,7 @@
 //! prints (node 0 only, in DSM mode):
 //!
 //! ```text
-//! RESULT app=sor mode=dsm nprocs=2 secs=0.1234 detail="2000x1000, 100 iterations"
+//! RESULT app=sor mode=dsm nprocs=2 secs=0.1234 detail="2000x1000, 1000 iterations"
 //! PASS
 //! ```
 //!

@@ -1,4 +1,4 @@
-//! jacobi3d, matmul, lu and fft at small sizes: DSM mode on 1 to 4 nodes (3 catches
+//! sor, jacobi3d, matmul, lu and fft at small sizes: DSM mode on 1 to 4 nodes (3 catches
 //! partitioning off-by-ones), plus one threads and one seq run each, every run verified against
 //! the sequential computation by the app itself (it prints PASS and exits 0).
 
@@ -28,4 +28,9 @@ fn lu_matches_sequential() {
 #[test]
 fn fft_matches_sequential_and_inverts() {
     check_app(env!("CARGO_BIN_EXE_fft"), 3, &["--log2n", "12"]);
+}
+
+#[test]
+fn sor_matches_sequential() {
+    check_app(env!("CARGO_BIN_EXE_sor"), 4, &["--rows", "67", "--cols", "130", "--iterations", "7"]);
 }

@@ -16,15 +16,15 @@ pub const ALL: &[AppSpec] = &[
     AppSpec {
         name: "sor",
         small: &["--rows", "500", "--cols", "500", "--iterations", "20"],
-        iterations: Some((100, 20)),
+        iterations: Some((1000, 20)),
     },
     AppSpec {
         name: "jacobi3d",
         small: &["--nx", "64", "--ny", "64", "--nz", "32", "--iterations", "5"],
-        iterations: Some((20, 5)),
+        iterations: Some((1000, 5)),
     },
-    AppSpec { name: "water", small: &["--molecules", "64", "--steps", "2"], iterations: Some((3, 2)) },
-    AppSpec { name: "barnes", small: &["--bodies", "1024", "--steps", "1"], iterations: Some((2, 1)) },
+    AppSpec { name: "water", small: &["--molecules", "64", "--steps", "2"], iterations: Some((20, 2)) },
+    AppSpec { name: "barnes", small: &["--bodies", "1024", "--steps", "1"], iterations: Some((4, 1)) },
     AppSpec { name: "tsp", small: &["--cities", "10"], iterations: None },
     AppSpec { name: "qsort", small: &["--keys", "100000"], iterations: None },
     AppSpec {

@@ -9,7 +9,7 @@
 //! Each body's force is computed by the same operations in every mode, so the DSM and threads
 //! results must equal the sequential one bit for bit.
 //!
-//! `barnes -n 2 [--mode dsm|seq|threads] [--bodies 16384] [--steps 2] [--theta 0.5]`
+//! `barnes -n 2 [--mode dsm|seq|threads] [--bodies 16384] [--steps 4] [--theta 0.5]`
 
 use bytemuck::{Pod, Zeroable};
 use std::process::ExitCode;
@@ -319,7 +319,7 @@ fn main() -> ExitCode {
     run_app("barnes", |app| {
         let p = Params {
             bodies: app.args.get("bodies", 16384),
-            steps: app.args.get("steps", 2),
+            steps: app.args.get("steps", 4),
             theta: app.args.get("theta", 0.5),
         };
         let size = format!("{} bodies, {} steps, theta {}", p.bodies, p.steps, p.theta);

@@ -4,7 +4,7 @@
 //! the DSM and threads results must equal the sequential one bit for bit. Boundary points never
 //! change.
 //!
-//! `jacobi3d -n 2 [--mode dsm|seq|threads] [--nx 128] [--ny 128] [--nz 64] [--iterations 20]`
+//! `jacobi3d -n 2 [--mode dsm|seq|threads] [--nx 128] [--ny 128] [--nz 64] [--iterations 1000]`
 //! (`nx` is the outermost dimension, split across nodes; `nz` the contiguous one).
 
 use std::ops::Range;
@@ -154,7 +154,7 @@ fn main() -> ExitCode {
             nx: app.args.get("nx", 128),
             ny: app.args.get("ny", 128),
             nz: app.args.get("nz", 64),
-            iterations: app.args.get("iterations", 20),
+            iterations: app.args.get("iterations", 1000),
         };
         let detail = format!("{}x{}x{}, {} iterations", s.nx, s.ny, s.nz, s.iterations);
         let (secs, ok) = match app.mode {

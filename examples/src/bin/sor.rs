@@ -3,7 +3,7 @@
 //! operations in every mode, so the DSM and threads results must equal the sequential one bit
 //! for bit.
 //!
-//! `sor -n 2 [--mode dsm|seq|threads] [--rows 2000] [--cols 1000] [--iterations 100]`
+//! `sor -n 2 [--mode dsm|seq|threads] [--rows 2000] [--cols 1000] [--iterations 1000]`
 
 use std::process::ExitCode;
 use std::sync::Barrier;
@@ -140,7 +140,7 @@ fn main() -> ExitCode {
         let s = Size {
             rows: app.args.get("rows", 2000),
             half: app.args.get::<usize>("cols", 1000) / 2,
-            iterations: app.args.get("iterations", 100),
+            iterations: app.args.get("iterations", 1000),
         };
         let detail = format!("{}x{}, {} iterations", s.rows, s.half * 2, s.iterations);
         let (secs, ok) = match app.mode {

@@ -13,7 +13,7 @@
 //! Forces arrive under the locks in a run-dependent order, so results are compared with the
 //! sequential run within a relative tolerance of 1e-6 (positions relative to the box size).
 //!
-//! `water -n 2 [--mode dsm|seq|threads] [--molecules 512] [--steps 3]`
+//! `water -n 2 [--mode dsm|seq|threads] [--molecules 512] [--steps 20]`
 
 use bytemuck::{Pod, Zeroable};
 use std::process::ExitCode;
@@ -393,7 +393,7 @@ fn errors(p: &Params, got: &Final, want: &Final) -> (f64, f64) {
 
 fn main() -> ExitCode {
     run_app("water", |app| {
-        let p = Params::new(app.args.get("molecules", 512), app.args.get("steps", 3));
+        let p = Params::new(app.args.get("molecules", 512), app.args.get("steps", 20));
         let size = format!("{} molecules, {} steps", p.molecules, p.steps);
         let (secs, got) = match app.mode {
             Mode::Seq => {
