@@ -260,6 +260,11 @@ impl Heap {
             )
         }
         .map_err(|source| MemError::Sys { op: "reserve the twin area", size, source })?;
+        // Twins of neighbouring pages are made together (a bulk validate twins every page it
+        // will write): transparent huge pages turn 512 first-touch faults into one. Where the
+        // kernel offers none this fails, harmlessly.
+        // SAFETY: advice on the mapping just made, which nothing uses yet; it changes no data.
+        let _ = unsafe { libc::madvise(twins.as_ptr().cast(), size, libc::MADV_HUGEPAGE) };
 
         let initial = if protect { state::READ_ONLY } else { state::READ_WRITE };
         Ok(Arc::new(Heap {

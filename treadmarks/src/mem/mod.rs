@@ -10,7 +10,8 @@
 //! - [`HeapPages`], the protocol core's [`PageMemory`](crate::protocol::memory::PageMemory) over
 //!   the real heap;
 //! - [`bytes`]: the SIMD byte-compare kernel of diff making (pure, no heap: it is here only
-//!   because its intrinsics are `unsafe`).
+//!   because its intrinsics are `unsafe`);
+//! - [`chunk`]: huge-page chunks the diffs a node makes are stored in (one fault per 2 MiB).
 //!
 //! It does not own the protocol (which pages are valid, diffs, write notices) nor any I/O other
 //! than its eventfds: the runtime drives it.
@@ -142,6 +143,7 @@
 
 mod backend;
 pub mod bytes;
+pub mod chunk;
 mod doorbell;
 mod error;
 mod fault;

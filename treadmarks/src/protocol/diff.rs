@@ -30,16 +30,17 @@
 //! A diff arrives from a peer, so [`Diff::apply`] checks every length and offset and returns a
 //! [`DiffError`] instead of panicking.
 
+use super::shared_bytes::{SharedBytes, share_or_copy};
 use serde::{Deserialize, Serialize};
 use std::cell::RefCell;
-use std::sync::Arc;
 
 /// A run-length encoded diff of one page.
 ///
 /// The bytes are shared: a writer keeps its diffs until a collection and hands each to every
-/// node that asks, so cloning one into a reply is a reference count, not a copy.
+/// node that asks, so cloning one into a reply is a reference count, not a copy; and a diff
+/// decoded inside [`decode_sharing`](super::decode_sharing) is a slice of the frame it came in.
 #[derive(Clone, PartialEq, Eq, Default)]
-pub struct Diff(Arc<[u8]>);
+pub struct Diff(SharedBytes);
 
 impl Serialize for Diff {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -55,19 +56,19 @@ impl<'de> Deserialize<'de> for Diff {
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str("the bytes of a diff")
             }
-            // One allocation at the exact size, copied straight from the frame.
+            // A slice of the frame being decoded, else one allocation at the exact size.
             fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Diff, E> {
-                Ok(Diff(v.into()))
+                Ok(Diff(share_or_copy(v)))
             }
             fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<Diff, E> {
-                Ok(Diff(v.into()))
+                Ok(Diff(SharedBytes::copy_of(&v)))
             }
             fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Diff, A::Error> {
                 let mut v = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 16));
                 while let Some(b) = seq.next_element()? {
                     v.push(b);
                 }
-                Ok(Diff(v.into()))
+                Ok(Diff(SharedBytes::copy_of(&v)))
             }
         }
         d.deserialize_bytes(Bytes)
@@ -226,7 +227,7 @@ impl Diff {
             crate::mem::bytes::changed_byte_masks(twin, page, masks);
             out.clear();
             encode(masks, page, out);
-            Diff(out.as_slice().into())
+            Diff(crate::mem::chunk::store(out))
         })
     }
 
@@ -402,24 +403,24 @@ mod tests {
                 _ => bytes.extend((0..rng.below(9)).map(|_| rng.next() as u8)),
             }
             let mut target = vec![7u8; 256];
-            if Diff(bytes.into()).apply(&mut target).is_err() {
+            if Diff(SharedBytes::copy_of(&bytes)).apply(&mut target).is_err() {
                 assert_eq!(target, vec![7u8; 256]);
             }
         }
         assert!(matches!(
-            Diff(vec![0x05, 0xff, 0xff, 0x03].into()).apply(&mut [0; 16]),
+            Diff(SharedBytes::copy_of(&[0x05, 0xff, 0xff, 0x03])).apply(&mut [0; 16]),
             Err(DiffError::Overrun { .. })
         ));
         assert!(matches!(
-            Diff(vec![0x01, 0x04, 1].into()).apply(&mut [0; 16]),
+            Diff(SharedBytes::copy_of(&[0x01, 0x04, 1])).apply(&mut [0; 16]),
             Err(DiffError::Overrun { .. })
         ));
         assert!(matches!(
-            Diff(vec![0x00, 0x04, 1].into()).apply(&mut [0; 16]),
+            Diff(SharedBytes::copy_of(&[0x00, 0x04, 1])).apply(&mut [0; 16]),
             Err(DiffError::Truncated { .. })
         ));
         assert!(matches!(
-            Diff(vec![0x00, 0x03, 1].into()).apply(&mut [0; 16]),
+            Diff(SharedBytes::copy_of(&[0x00, 0x03, 1])).apply(&mut [0; 16]),
             Err(DiffError::Truncated { .. })
         ));
     }
@@ -469,7 +470,7 @@ mod tests {
         // The same bytes cut short, or claimed for a smaller page, are typed errors.
         let mut short = d.0.to_vec();
         short.truncate(2000);
-        assert!(matches!(Diff(short.into()).apply(&mut t), Err(DiffError::Truncated { .. })));
+        assert!(matches!(Diff(SharedBytes::copy_of(&short)).apply(&mut t), Err(DiffError::Truncated { .. })));
         assert!(matches!(d.apply(&mut [0; 2048]), Err(DiffError::Overrun { .. })));
         assert_eq!(t, page, "failed applies change nothing");
     }
@@ -516,12 +517,18 @@ mod tests {
         let page: Vec<u8> = (0..4096u32).map(|i| (i % 7) as u8).collect();
         let d = Diff::make(&twin, &page);
         let c = d.clone();
-        assert!(Arc::ptr_eq(&d.0, &c.0), "a clone is a reference count");
+        assert_eq!(d.0.as_ptr(), c.0.as_ptr(), "a clone is a reference count");
         // Encoded exactly as serde_bytes encodes a byte vector (as before the bytes were shared).
         let wire = postcard::to_allocvec(&d).unwrap();
         assert_eq!(wire, postcard::to_allocvec(&serde_bytes::Bytes::new(&d.0)).unwrap());
         let back: Diff = postcard::from_bytes(&wire).unwrap();
         assert_eq!(back, d);
+        assert_eq!(back.0.owner_len(), d.encoded_len(), "decoded outside a frame: a copy");
+        // Decoded from a frame: a slice of it, no copy.
+        let frame: std::sync::Arc<dyn super::super::ByteOwner> = std::sync::Arc::new(wire.clone());
+        let shared: Diff = super::super::decode_sharing(frame, |b| postcard::from_bytes(b)).unwrap();
+        assert_eq!(shared, d);
+        assert_eq!(shared.0.owner_len(), wire.len(), "a slice of the frame");
         // Cut short: an error, not a panic.
         assert!(postcard::from_bytes::<Diff>(&wire[..wire.len() - 1]).is_err());
     }

@@ -9,8 +9,9 @@
 //! One file per concept: [`vtime`] (vector timestamps), [`interval`] (interval records and the
 //! log), [`diff`] (twin/page diffs), [`page`] (page state, lazy diffs, access misses), [`lock`]
 //! (distributed lock chain, diffs piggybacked on grants), [`barrier`] (centralized barrier
-//! manager), [`push`] (diffs pushed at barriers to the pages' earlier readers), [`gc`] (collection of consistency data at barriers), [`collective`] (allocation,
-//! distribute, exit), [`msg`] (wire messages), [`node`] (the state machine), [`alloc`] (node 0's
+//! manager), [`push`] (diffs pushed at barriers to the pages' earlier readers), [`gc`]
+//! (collection of consistency data at barriers), [`collective`] (allocation, distribute, exit),
+//! [`msg`] (wire messages), [`shared_bytes`] (diffs that point into the frame they arrived in), [`node`] (the state machine), [`alloc`] (node 0's
 //! heap allocator), [`stats`] (counters). Readable message-by-message scenarios live in
 //! `scenarios.rs`.
 #![forbid(unsafe_code)]
@@ -29,6 +30,7 @@ pub mod msg;
 pub mod node;
 pub mod page;
 pub mod push;
+pub mod shared_bytes;
 pub mod stats;
 pub mod vtime;
 
@@ -44,5 +46,6 @@ pub use interval::IntervalRecord;
 pub use memory::{Access, PageMemory, VecMemory};
 pub use msg::{AllocFailure, DiffAsk, Message, MsgKind, PageCopy, PageDiffs, PushedDiffs};
 pub use node::{AppDone, Node, NodeConfig};
+pub use shared_bytes::{ByteOwner, SharedBytes, decode_sharing};
 pub use stats::ProtocolStats;
 pub use vtime::VectorTime;

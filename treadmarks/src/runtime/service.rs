@@ -19,7 +19,7 @@
 use super::{Command, Mailbox, Reply, start};
 use crate::error::Error;
 use crate::mem::{FaultKind, Heap, HeapPages, register_service_fd};
-use crate::protocol::{AppDone, Message, Node, NodeId};
+use crate::protocol::{AppDone, Message, Node, NodeId, decode_sharing};
 use crate::stats::Stats;
 use crate::transport::{CloseCause, LinkEvent, Links, Mesh, codec};
 use std::panic::AssertUnwindSafe;
@@ -224,9 +224,10 @@ impl Service {
                 if self.failed.is_some() {
                     return;
                 }
-                let decoded = codec::decode_payload(&payload);
                 let len = payload.len();
-                self.links.recycle(payload);
+                // Diffs in the message point into the payload, which goes back to the links'
+                // pool once the last of them is dropped.
+                let decoded = decode_sharing(self.links.share(payload), codec::decode_payload);
                 let msg: Message = match decoded {
                     Ok(m) => m,
                     Err(e) => return self.fail(format!("malformed message from {from}: {e}")),

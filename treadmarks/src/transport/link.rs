@@ -47,7 +47,9 @@ use tokio::task::JoinHandle;
 use super::codec::{FrameLen, GOODBYE_FRAME, HEADER_LEN, decode_header};
 use super::error::{Result, TransportError};
 use super::mesh::Mesh;
-use crate::protocol::NodeId;
+#[cfg(doc)]
+use crate::protocol::decode_sharing;
+use crate::protocol::{ByteOwner, NodeId};
 
 /// How long [`Links::flush_and_close`] waits for the writers in total.
 pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -94,6 +96,25 @@ impl BufferPool {
         if bufs.len() < POOL_BUFFERS && held + buf.capacity() <= POOL_BYTES {
             bufs.push(buf);
         }
+    }
+}
+
+/// A received payload shared by the diffs decoded from it: it goes back to the pool when the
+/// last of them is dropped.
+struct SharedPayload {
+    buf: Vec<u8>,
+    pool: Arc<BufferPool>,
+}
+
+impl AsRef<[u8]> for SharedPayload {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl Drop for SharedPayload {
+    fn drop(&mut self) {
+        self.pool.give(std::mem::take(&mut self.buf));
     }
 }
 
@@ -268,6 +289,12 @@ impl Links {
     /// that a later frame reuses its memory.
     pub fn recycle(&self, buf: Vec<u8>) {
         self.pool.give(buf);
+    }
+
+    /// Wraps a [`LinkEvent::Frame`] payload for [`decode_sharing`]: diffs decoded from it point
+    /// into it, and it goes back to the pool once the last of them is dropped.
+    pub fn share(&self, payload: Vec<u8>) -> Arc<dyn ByteOwner> {
+        Arc::new(SharedPayload { buf: payload, pool: Arc::clone(&self.pool) })
     }
 
     /// This node's rank.
