@@ -3,11 +3,12 @@
 //! # Page state
 //! Protection lives in [`PageMemory::access`]; the rest here:
 //! - `twin`: the page has a twin, made in interval `first` (possibly several intervals ago). While
-//!   it has one the page is `ReadWrite` and in the node's twinned set, and every interval the node
-//!   closes carries a write notice for it. The page is *not* write-protected at interval ends:
-//!   a page written every interval (the common case) then faults once, not once per interval.
-//!   The cost is that notices may name intervals in which the page was not written; a notice is a
-//!   claim "there may be changes up to here", which is safe.
+//!   it has one the page is `ReadWrite` and in the node's twinned set, and the interval that made
+//!   the twin carries a write notice for it (later ones need not: whoever holds that notice asks
+//!   for diffs up to at least that interval, which cuts the twin and so brings every write made
+//!   until then; see `Node::close_interval`). The page is *not* write-protected at interval
+//!   ends: a page written every interval (the common case) then faults once, not once per
+//!   interval. A notice is a claim "there may be changes up to here", which is safe.
 //! - `writers[n]`: for each writer `n`, the newest interval `noticed` for which we hold a write
 //!   notice, the newest interval `applied` whose changes we have, and the newest diff `applied_seq`
 //!   of `n` we have applied. The page is stale (and invalid) while some `noticed > applied`.
