@@ -180,6 +180,7 @@ impl<M: PageMemory> Node<M> {
         let before = self.consistency_bytes();
         self.log.collect(&self.vt);
         let twinned = std::mem::take(&mut self.twinned);
+        self.opened_twins.clear();
         for &p in &twinned {
             self.pages[p.idx()].twin = None;
             self.pages[p.idx()].renewed = false;

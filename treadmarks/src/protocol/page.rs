@@ -139,6 +139,7 @@ impl<M: PageMemory> Node<M> {
         self.mem.set_access(p, 1, Access::ReadWrite);
         self.pages[p.idx()].twin = Some(self.open_interval());
         self.twinned.insert(p);
+        self.opened_twins.push(p);
         self.stats.twins += 1;
     }
 
@@ -184,6 +185,7 @@ impl<M: PageMemory> Node<M> {
             self.pages[p.idx()].twin = Some(self.open_interval());
             self.pages[p.idx()].renewed = true;
             self.twinned.insert(p);
+            self.opened_twins.push(p);
             self.stats.twins_renewed += 1;
             Access::ReadWrite
         } else {
@@ -294,6 +296,7 @@ impl<M: PageMemory> Node<M> {
             meta.twin = Some(open);
             meta.renewed = true;
             self.twinned.insert(p);
+            self.opened_twins.push(p);
             twinned.push(p);
         }
         self.stats.twins_ahead += twinned.len() as u64;
