@@ -85,38 +85,21 @@ fn run_one(plan: &Plan, app: &AppSpec, mode: &str, n: usize) -> Result<One, Stri
     Ok(One { secs, stats, detail })
 }
 
-/// The median run of `reps`, or the error of the first failure.
-fn measure(
-    plan: &Plan,
-    app: &AppSpec,
-    mode: &str,
-    n: usize,
-    step: &mut usize,
-    total: usize,
-) -> (Cell, usize, String) {
-    let mut runs = Vec::new();
-    let mut failures = 0;
-    let mut detail = String::new();
-    for rep in 0..plan.reps {
-        *step += 1;
-        print!("\r[{step}/{total}] {} {mode} n={n} rep {} ...{:20}", app.name, rep + 1, "");
-        let _ = std::io::stdout().flush();
-        match run_one(plan, app, mode, n) {
-            Ok(one) => {
-                detail = one.detail.clone();
-                runs.push(one);
-            }
-            Err(e) => {
-                failures += 1;
-                println!("\r[{step}/{total}] {} {mode} n={n}: FAILED: {e}", app.name);
-            }
-        }
+/// The runs of one (mode, nodes) cell.
+#[derive(Default)]
+struct Runs {
+    ok: Vec<One>,
+    failures: usize,
+}
+
+impl Runs {
+    /// The median run's time and statistics.
+    fn median(mut self) -> Cell {
+        self.ok.sort_by(|a, b| a.secs.total_cmp(&b.secs));
+        self.ok
+            .get(self.ok.len() / 2)
+            .map_or_else(Cell::default, |m| Cell { secs: Some(m.secs), stats: m.stats.clone() })
     }
-    runs.sort_by(|a, b| a.secs.total_cmp(&b.secs));
-    let cell = runs
-        .get(runs.len() / 2)
-        .map_or_else(Cell::default, |m| Cell { secs: Some(m.secs), stats: m.stats.clone() });
-    (cell, failures, detail)
 }
 
 /// Runs the whole plan, printing progress.
@@ -134,16 +117,43 @@ pub fn run_all(plan: &Plan) -> Result<Vec<AppResult>, String> {
     let mut step = 0;
     let mut results = Vec::new();
     for &app in &plan.apps {
-        let (seq, mut failures, detail) = measure(plan, app, "seq", 1, &mut step, total);
-        let mut threads = BTreeMap::new();
-        let mut dsm = BTreeMap::new();
-        for &n in &plan.nodes {
-            let (cell, f, _) = measure(plan, app, "threads", n, &mut step, total);
-            threads.insert(n, cell);
-            failures += f;
-            let (cell, f, _) = measure(plan, app, "dsm", n, &mut step, total);
-            dsm.insert(n, cell);
-            failures += f;
+        // The cells take turns within each repetition (seq, then threads and DSM at each node
+        // count), so that the machine's drift during a run weighs on all of them alike: the
+        // report is about their ratios.
+        let cells: Vec<(&str, usize)> = std::iter::once(("seq", 1))
+            .chain(plan.nodes.iter().flat_map(|&n| [("threads", n), ("dsm", n)]))
+            .collect();
+        let mut runs: Vec<Runs> = cells.iter().map(|_| Runs::default()).collect();
+        let mut detail = String::new();
+        for rep in 0..plan.reps {
+            for (&(mode, n), cell_runs) in cells.iter().zip(&mut runs) {
+                step += 1;
+                print!("\r[{step}/{total}] {} {mode} n={n} rep {} ...{:20}", app.name, rep + 1, "");
+                let _ = std::io::stdout().flush();
+                match run_one(plan, app, mode, n) {
+                    Ok(one) => {
+                        if mode == "seq" {
+                            detail = one.detail.clone();
+                        }
+                        cell_runs.ok.push(one);
+                    }
+                    Err(e) => {
+                        cell_runs.failures += 1;
+                        println!("\r[{step}/{total}] {} {mode} n={n}: FAILED: {e}", app.name);
+                    }
+                }
+            }
+        }
+        let failures = runs.iter().map(|r| r.failures).sum();
+        let mut medians = cells.into_iter().zip(runs).map(|((mode, n), r)| (mode, n, r.median()));
+        let seq = medians.next().map(|(_, _, cell)| cell).unwrap_or_default();
+        let (mut threads, mut dsm) = (BTreeMap::new(), BTreeMap::new());
+        for (mode, n, cell) in medians {
+            if mode == "threads" {
+                threads.insert(n, cell);
+            } else {
+                dsm.insert(n, cell);
+            }
         }
         results.push(AppResult { app, small: plan.small, seq, threads, dsm, failures, detail });
     }
