@@ -2,9 +2,10 @@
 //!
 //! No sockets, signals, clocks or `mprotect` here: [`Node`] takes events (application requests,
 //! faults, messages) and emits messages and completions; page bytes and protection go through
-//! [`PageMemory`]. That makes the whole protocol testable in one process: see the seeded
-//! simulation in `sim.rs`, which checks every read of random data-race-free programs against
-//! sequentially consistent memory.
+//! [`PageMemory`]. (The bytes of the diffs a node makes are stored by an allocator of the memory
+//! layer, `mem::chunk`, as they would be by `malloc`.) That makes the whole protocol testable in
+//! one process: see the seeded simulation in `sim.rs`, which checks every read of random
+//! data-race-free programs against sequentially consistent memory.
 //!
 //! One file per concept: [`vtime`] (vector timestamps), [`interval`] (interval records and the
 //! log), [`diff`] (twin/page diffs), [`page`] (page state, lazy diffs, access misses), [`lock`]
