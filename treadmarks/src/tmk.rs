@@ -213,7 +213,10 @@ impl Tmk {
         let align = align.max(align_of::<T>());
         match self.done(Command::Alloc { bytes: bytes.max(1) as u64, align: align as u64 })? {
             AppDone::Allocated(r) => {
-                Ok(Shared::from_raw_parts(r.map_err(crate::protocol::ProtocolError::from)?, len as u64))
+                let offset = r.map_err(crate::protocol::ProtocolError::from)?;
+                // Allocate the memory now rather than one first-touch fault at a time.
+                self.heap.commit(offset, bytes as u64);
+                Ok(Shared::from_raw_parts(offset, len as u64))
             }
             other => unreachable!("alloc answered with {other:?}"),
         }

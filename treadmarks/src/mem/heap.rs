@@ -322,6 +322,38 @@ impl Heap {
         }
     }
 
+    /// Backs the pages under `bytes` bytes at heap offset `offset` with memfd pages now, as
+    /// `MAP_POPULATE` would, so that the first access of each only maps a page that exists. One
+    /// `fallocate` for the range costs less than allocating the pages one fault at a time: a
+    /// first write to a memfd hole took about 3.3 µs per page on the 2-vCPU VM, against 1.1 µs
+    /// per page to `fallocate` plus 1.4 µs to map it afterwards (an anonymous first write:
+    /// 2.1 µs). `Tmk`'s allocation calls it on the allocating node.
+    ///
+    /// Under the userfaultfd backend it does nothing: there, an existing page without a mapping
+    /// raises a minor fault that the service thread resolves, far dearer than the kernel's own
+    /// first-touch allocation. Best effort: if the kernel refuses (no memory), nothing changes
+    /// and the pages are allocated when first touched, as before. Never changes data (holes
+    /// read as zeros either way). Returns whether the pages were backed.
+    pub fn commit(&self, offset: u64, bytes: u64) -> bool {
+        if self.uffd.is_some() || bytes == 0 {
+            return false;
+        }
+        let page = self.page_size as u64;
+        let start = offset / page * page;
+        let Some(end) = offset.checked_add(bytes).map(|e| e.div_ceil(page) * page) else {
+            return false;
+        };
+        if end > self.size as u64 {
+            return false;
+        }
+        // SAFETY: plain system call on the memfd this heap owns, for a range inside its size
+        // (checked above). Mode 0 only allocates the holes of the range; it changes no byte.
+        let rc = unsafe {
+            libc::fallocate(self.memfd.as_raw_fd(), 0, start as libc::off_t, (end - start) as libc::off_t)
+        };
+        rc == 0
+    }
+
     /// How this heap's page protection is enforced. An unprotected heap (`protect == false`)
     /// reports [`FaultBackend::Mprotect`]: it never changes protection.
     pub fn backend(&self) -> FaultBackend {
