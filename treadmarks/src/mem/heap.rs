@@ -354,6 +354,13 @@ impl Heap {
         rc == 0
     }
 
+    /// Bytes of memfd pages that exist (test helper).
+    #[cfg(test)]
+    pub(super) fn backed_bytes(&self) -> u64 {
+        let st = nix::sys::stat::fstat(&self.memfd).expect("fstat the heap memfd");
+        st.st_blocks as u64 * 512
+    }
+
     /// How this heap's page protection is enforced. An unprotected heap (`protect == false`)
     /// reports [`FaultBackend::Mprotect`]: it never changes protection.
     pub fn backend(&self) -> FaultBackend {

@@ -169,3 +169,25 @@ fn mprotect_refuses_a_heap_past_the_map_count_and_names_the_limit() {
         assert_eq!(heap.backend(), FaultBackend::Uffd);
     }
 }
+
+#[test]
+fn commit_backs_the_pages_of_a_range_without_changing_them() {
+    let page = super::super::heap::system_page_size();
+    let l = HeapLayout { protect: false, ..layout(40, 8) };
+    let heap = Heap::map(l).unwrap();
+    assert_eq!(heap.backed_bytes(), 0, "a fresh heap holds no pages");
+    // SAFETY: an unprotected heap's application view is readable and writable; page 1 is inside.
+    unsafe { heap.app_base().add(page + 7).write_volatile(42) };
+    assert_eq!(heap.backed_bytes(), page as u64);
+    // Bytes 100 into page 1 through 100 into page 4: pages 1 to 4.
+    assert!(heap.commit(page as u64 + 100, 3 * page as u64));
+    assert_eq!(heap.backed_bytes(), 4 * page as u64);
+    // SAFETY: as above.
+    assert_eq!(unsafe { heap.app_base().add(page + 7).read_volatile() }, 42, "commit changed data");
+    // SAFETY: as above; page 4 is inside and was a hole, so it reads as zeros.
+    assert_eq!(unsafe { heap.app_base().add(4 * page).read_volatile() }, 0);
+    assert!(!heap.commit(7 * page as u64, 2 * page as u64), "beyond the heap");
+    assert!(!heap.commit(u64::MAX - 10, 20), "overflowing range");
+    assert!(!heap.commit(0, 0), "empty range");
+    assert_eq!(heap.backed_bytes(), 4 * page as u64);
+}
