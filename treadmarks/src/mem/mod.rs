@@ -55,6 +55,8 @@
 //!   process's own. [`Heap::map_with`] refuses a protected heap when `P + mappings in use +`
 //!   [`MAP_COUNT_MARGIN`] exceeds `vm.max_map_count` (65530 by default: about 250 MiB of heap),
 //!   naming the limit and suggesting `TMK_FAULTS=uffd`, instead of failing with ENOMEM mid-run.
+//!   A new allocation's pages are backed at once ([`Heap::commit`], one `fallocate`), so a first
+//!   touch only maps an existing page; never on userfaultfd, where that would be a minor fault.
 //! - **userfaultfd** (Linux 6.2+: `UFFD_FEATURE_SIGBUS`, `MINOR_SHMEM`, `WP_HUGETLBFS_SHMEM`,
 //!   `UFFDIO_CONTINUE_MODE_WP`): the view is write-protected whole at map time, which on shmem
 //!   leaves a write-protect marker in every PTE, populated or not, so the first write to any page
