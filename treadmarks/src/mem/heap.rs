@@ -346,12 +346,19 @@ impl Heap {
         if end > self.size as u64 {
             return false;
         }
+        self.allocate(start, end - start).is_ok()
+    }
+
+    /// Allocates the memfd pages of bytes `offset..offset + len` (inside the heap) that do not
+    /// exist yet; returns errno on failure.
+    fn allocate(&self, offset: u64, len: u64) -> Result<(), i32> {
+        assert!(offset.saturating_add(len) <= self.size as u64, "memfd range outside the heap");
         // SAFETY: plain system call on the memfd this heap owns, for a range inside its size
-        // (checked above). Mode 0 only allocates the holes of the range; it changes no byte.
-        let rc = unsafe {
-            libc::fallocate(self.memfd.as_raw_fd(), 0, start as libc::off_t, (end - start) as libc::off_t)
-        };
-        rc == 0
+        // (asserted above). Mode 0 only allocates the holes of the range; it changes no byte
+        // (holes read as zeros either way).
+        let rc =
+            unsafe { libc::fallocate(self.memfd.as_raw_fd(), 0, offset as libc::off_t, len as libc::off_t) };
+        if rc == 0 { Ok(()) } else { Err(super::sigsafe::errno()) }
     }
 
     /// Bytes of memfd pages that exist (test helper).
@@ -475,12 +482,8 @@ impl Heap {
             (_, state::INVALID) => {
                 let pages = first as usize..(first + count) as usize;
                 if !self.allocated[pages.clone()].iter().all(|a| a.load(Ordering::Relaxed)) {
-                    let off = first as libc::off_t * self.page_size as libc::off_t;
-                    // SAFETY: plain system call on the memfd we own; the range is inside its
-                    // size. Allocating pages changes no data (holes read as zeros either way).
-                    if unsafe { libc::fallocate(self.memfd.as_raw_fd(), 0, off, len as libc::off_t) } != 0 {
-                        return Err(("fallocate", super::sigsafe::errno()));
-                    }
+                    let off = u64::from(first) * self.page_size as u64;
+                    self.allocate(off, len as u64).map_err(|e| ("fallocate", e))?;
                     self.allocated[pages].iter().for_each(|a| a.store(true, Ordering::Relaxed));
                 }
                 // SAFETY: the range is inside the application view this heap owns (checked

@@ -31,9 +31,10 @@
 //! buffer with the next payload, and the caller gives the payload back with
 //! [`Links::recycle`] once decoded, or wraps it with [`Links::share`] so that the diffs decoded
 //! from it can point into it, and it goes back when the last of them is dropped. A bulk transfer
-//! moves frames of about a megabyte; a fresh vector for each costs a page fault per 4 KiB (and zeroing) on both sides, which the profile
-//! of a bulk fetch showed as the largest single cost of the receiving service thread. The pool
-//! is bounded (`POOL_BYTES`), so it holds at most a few frames' worth of memory.
+//! moves frames of about a megabyte; a fresh vector for each costs a page fault per 4 KiB (and
+//! zeroing) on both sides, which the profile of a bulk fetch showed as the largest single cost of
+//! the receiving service thread. The pool is bounded (`POOL_BYTES`), so it holds at most a few
+//! frames' worth of memory.
 
 use std::io;
 use std::sync::Arc;
