@@ -5,7 +5,8 @@
 use crate::config::{Config, Role};
 use crate::error::{Error, Result};
 use crate::mem::{
-    BorrowTracker, Doorbell, FaultBackend, FaultHandler, Heap, HeapLayout, HeapPages, Shared, View, ViewMut,
+    BorrowTracker, Doorbell, FaultBackend, FaultHandler, Heap, HeapLayout, HeapPages, Shared, View,
+    ViewError, ViewMut,
 };
 use crate::protocol::{AppDone, BarrierId, LockId, Node, NodeConfig, NodeId, PageIdx, ProtocolError};
 use crate::runtime::launch::{self, Children, StartupWatch};
@@ -14,6 +15,7 @@ use crate::stats::Stats;
 use crate::transport::{MeshConfig, connect_mesh};
 use bytemuck::Pod;
 use std::net::{SocketAddr, TcpListener};
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -314,6 +316,33 @@ impl Tmk {
     pub fn view<T: Pod>(&self, h: &Shared<[T]>) -> Result<View<'_, T>> {
         let view = self.borrows.view(&self.heap, h)?;
         self.validate(self.heap.invalid_pages(h.offset(), Self::bytes(h)), false)?;
+        Ok(view)
+    }
+
+    /// A view of a shared array of which the application declares it reads only `parts`
+    /// (element ranges of `h`, in any order): their invalid pages are brought up to date at
+    /// once, as by [`Tmk::view`], and any other invalid page of the view is fetched when first
+    /// touched, as through a raw pointer. For reads that cover a small, scattered part of a big
+    /// array: a transpose reads one column block of every row.
+    pub fn view_parts<T: Pod>(
+        &self,
+        h: &Shared<[T]>,
+        parts: impl IntoIterator<Item = Range<usize>>,
+    ) -> Result<View<'_, T>> {
+        let view = self.borrows.view(&self.heap, h)?;
+        let mut pages = Vec::new();
+        for part in parts {
+            if part.start > part.end || part.end > h.len() {
+                return Err(
+                    ViewError::PartOutOfBounds { start: part.start, end: part.end, len: h.len() }.into()
+                );
+            }
+            let part = h.slice(part.start, part.end);
+            pages.extend(self.heap.invalid_pages(part.offset(), Self::bytes(&part)));
+        }
+        pages.sort_unstable();
+        pages.dedup();
+        self.validate(pages, false)?;
         Ok(view)
     }
 

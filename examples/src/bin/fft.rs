@@ -93,6 +93,13 @@ impl Worker {
         self.rows.start * self.n1..self.rows.end * self.n1
     }
 
+    /// The elements of the source array that [`Worker::transpose`] reads: this worker's columns
+    /// of every row.
+    fn transpose_reads(&self) -> impl Iterator<Item = Range<usize>> + use<> {
+        let (n1, rows) = (self.n1, self.rows.clone());
+        (0..n1).map(move |r| r * n1 + rows.start..r * n1 + rows.end)
+    }
+
     /// Writes this worker's rows of `dst` (`dst` holds just them) as the transpose of `src`.
     fn transpose(&self, dst: &mut [C], src: &[C]) {
         const TILE: usize = 16;
@@ -294,7 +301,7 @@ fn dsm(app: &mut App, n1: usize) -> treadmarks::Result<(f64, bool, String)> {
     let transform = |tmk: &mut treadmarks::Tmk, inverse: bool| {
         six_step(inverse, |step| match step {
             Step::Transpose { from, to } => {
-                let src = tmk.view(&arrays[from])?;
+                let src = tmk.view_parts(&arrays[from], w.transpose_reads())?;
                 w.transpose(&mut tmk.view_mut(&mine(to))?, &src);
                 Ok(())
             }

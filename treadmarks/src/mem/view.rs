@@ -91,7 +91,7 @@ impl<T> Shared<T> {
     }
 }
 
-/// A view that conflicts with a live one.
+/// A view that conflicts with a live one, or reaches outside what it views.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ViewError {
     #[error("bytes {start:#x}..{end:#x} of the heap are already borrowed{}", if *.mutably { " mutably" } else { "" })]
@@ -100,6 +100,8 @@ pub enum ViewError {
         "handle {offset:#x}+{bytes} bytes is outside the {heap_size}-byte heap or misaligned for its type"
     )]
     OutOfBounds { offset: u64, bytes: u64, heap_size: u64 },
+    #[error("part {start}..{end} is outside the {len}-element array viewed")]
+    PartOutOfBounds { start: usize, end: usize, len: usize },
 }
 
 /// Live views of one node's heap, by byte range.
