@@ -135,7 +135,7 @@ fn lazy(tmk: &mut Tmk) -> R {
         let got = [v[5 * 512 + 1], v[7 * 512 + 3], v[9 * 512 + 4]];
         let want = [5 * 512 + 1, 7 * 512 + 3, 9 * 512 + 4];
         check(got == want, || format!("read {got:?}, want {want:?}"))?;
-        let e = tmk.view_parts(&a, [0..10 * 512 + 1]).unwrap_err().to_string();
+        let e = tmk.view_parts(&a, std::iter::once(0..10 * 512 + 1)).unwrap_err().to_string();
         check(e.contains("part 0..5121") && e.contains("5120-element"), || e.clone())?;
     }
     tmk.barrier(0)?;
