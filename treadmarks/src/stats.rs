@@ -32,6 +32,9 @@ pub struct Stats {
     pub fast_write_faults: u64,
     /// Faults handed to the runtime (misses and slow-path write faults).
     pub fault_handoffs: u64,
+    /// Faults on valid pages that were only missing from the application view's page tables
+    /// (userfaultfd backend), mapped in the signal handler.
+    pub minor_maps: u64,
     /// Sent and received, by message kind (indexed like [`MsgKind::ALL`]).
     pub sent_by_kind: Vec<Traffic>,
     pub received_by_kind: Vec<Traffic>,
@@ -128,8 +131,8 @@ impl fmt::Display for Stats {
         writeln!(f, "treadmarks statistics, {} of {}", self.node, self.nprocs)?;
         writeln!(
             f,
-            "  faults: {} write (fast path) + {} handed to the runtime ({} read misses, {} slow write faults)",
-            self.fast_write_faults, self.fault_handoffs, p.read_misses, p.write_faults
+            "  faults: {} write (fast path) + {} handed to the runtime ({} read misses, {} slow write faults) + {} mapped (valid, unmapped)",
+            self.fast_write_faults, self.fault_handoffs, p.read_misses, p.write_faults, self.minor_maps
         )?;
         writeln!(
             f,

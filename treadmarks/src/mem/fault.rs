@@ -348,6 +348,7 @@ fn resolve_valid_uffd(
             fail(b"UFFDIO_CONTINUE", e, s);
         }
         AtomicCounters::bump(&heap.counters.minor_maps);
+        heap.note_mapped(page, 1, true);
         heap.state(page).store(state::READ_WRITE, Ordering::Release);
         return;
     }
@@ -360,6 +361,7 @@ fn resolve_valid_uffd(
             match uffd.continue_range(start, ps, true, ps) {
                 Ok(Continued::All) => {
                     AtomicCounters::bump(&heap.counters.minor_maps);
+                    heap.note_mapped(page, 1, true);
                     heap.state(page).store(state::READ_ONLY, Ordering::Release);
                     return;
                 }
@@ -373,6 +375,7 @@ fn resolve_valid_uffd(
             fail(b"UFFDIO_CONTINUE (MODE_WP)", e, s);
         }
         AtomicCounters::bump(&heap.counters.minor_maps);
+        heap.note_mapped(page, 1, true);
         heap.state(page).store(state::READ_ONLY, Ordering::Release);
         return;
     }
@@ -392,6 +395,7 @@ fn resolve_valid_uffd(
     }
     if !mapped {
         AtomicCounters::bump(&heap.counters.minor_maps);
+        heap.note_mapped(page, 1, true);
     }
     heap.state(page).store(state::READ_WRITE, Ordering::Release);
     heap.ring.push(page);

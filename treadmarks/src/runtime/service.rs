@@ -321,6 +321,7 @@ impl Service {
         let c = self.heap.counters();
         s.fast_write_faults = c.fast_write_faults;
         s.fault_handoffs = c.handoffs;
+        s.minor_maps = c.minor_maps;
         s
     }
 
