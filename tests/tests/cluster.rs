@@ -38,6 +38,11 @@ fn pages_nobody_asks_for_produce_no_diff() {
 }
 
 #[test]
+fn views_of_parts_fetch_only_the_pages_they_declare_or_touch() {
+    run("parts", 2, 16).assert_pass("parts");
+}
+
+#[test]
 fn neighbours_read_each_step_get_diffs_pushed_at_the_barrier() {
     run("push", 3, 15).assert_pass("push");
 }

@@ -330,6 +330,39 @@ impl Tmk {
         parts: impl IntoIterator<Item = Range<usize>>,
     ) -> Result<View<'_, T>> {
         let view = self.borrows.view(&self.heap, h)?;
+        self.validate(self.pages_of_parts(h, parts, Heap::invalid_pages)?, false)?;
+        Ok(view)
+    }
+
+    /// A mutable view of a shared array of which the application declares it touches only
+    /// `parts`: they are validated (and twinned ahead) as by [`Tmk::view_mut`]; any other page
+    /// of the view faults as usual when touched. For writes scattered over a big array that
+    /// others write too: radix sort's runs, one per digit value.
+    pub fn view_mut_parts<T: Pod>(
+        &self,
+        h: &Shared<[T]>,
+        parts: impl IntoIterator<Item = Range<usize>>,
+    ) -> Result<ViewMut<'_, T>> {
+        let view = self.borrows.view_mut(&self.heap, h)?;
+        let parts: Vec<Range<usize>> = parts.into_iter().collect();
+        if self.held.is_empty() {
+            let unwritable = self.pages_of_parts(h, parts.iter().cloned(), Heap::unwritable_pages)?;
+            if unwritable.len() >= TWIN_AHEAD_MIN_PAGES {
+                self.validate(unwritable, true)?;
+                return Ok(view);
+            }
+        }
+        self.validate(self.pages_of_parts(h, parts, Heap::invalid_pages)?, false)?;
+        Ok(view)
+    }
+
+    /// The pages `pick` chooses among those overlapping `parts` of `h`, sorted, each once.
+    fn pages_of_parts<T>(
+        &self,
+        h: &Shared<[T]>,
+        parts: impl IntoIterator<Item = Range<usize>>,
+        pick: impl Fn(&Heap, u64, u64) -> Vec<PageIdx>,
+    ) -> Result<Vec<PageIdx>> {
         let mut pages = Vec::new();
         for part in parts {
             if part.start > part.end || part.end > h.len() {
@@ -338,12 +371,11 @@ impl Tmk {
                 );
             }
             let part = h.slice(part.start, part.end);
-            pages.extend(self.heap.invalid_pages(part.offset(), Self::bytes(&part)));
+            pages.extend(pick(&self.heap, part.offset(), Self::bytes(&part)));
         }
         pages.sort_unstable();
         pages.dedup();
-        self.validate(pages, false)?;
-        Ok(view)
+        Ok(pages)
     }
 
     /// A mutable view of a shared array, validated like [`Tmk::view`]. It also declares writes:

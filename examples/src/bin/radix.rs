@@ -179,8 +179,10 @@ fn dsm(app: &mut App, s: &Size) -> treadmarks::Result<(f64, bool)> {
         {
             let h = tmk.view(&hist)?;
             let starts = offsets(&h, n, s.stride(), s.radix(), me);
-            let mut out = tmk.view_mut(&dst)?;
-            let mut mine = runs(&mut out, &starts, &h[me * s.stride()..][..s.radix()]);
+            let lens = &h[me * s.stride()..][..s.radix()];
+            let parts = starts.iter().zip(lens).map(|(&start, &len)| start..start + len as usize);
+            let mut out = tmk.view_mut_parts(&dst, parts)?;
+            let mut mine = runs(&mut out, &starts, lens);
             permute(&tmk.view(&src.slice(begin, end))?, shift, s.mask(), &mut mine);
         }
         tmk.barrier(0)?;

@@ -128,20 +128,48 @@ fn lazy(tmk: &mut Tmk) -> R {
         let d = tmk.stats()?.protocol.diffs_created;
         check(d == 1, || format!("{d} diffs made for one page read once"))?;
     }
+    Ok(())
+}
+
+/// Views that declare parts of an array fetch the pages of those parts at once and leave the
+/// other pages to their faults: node 0 writes 40 pages; node 1 reads parts of pages 5 and 7
+/// (and touches page 9 undeclared), then writes parts of ten pages 20..30 (twinned ahead) and
+/// touches page 35 undeclared. Node 0 sees the writes, and made diffs only for the pages node 1
+/// declared or touched.
+fn parts(tmk: &mut Tmk) -> R {
+    const W: usize = 512; // u64 words per page
+    let me = tmk.proc_id();
+    let a = shared::<u64>(tmk, 40 * W)?;
+    if me == 0 {
+        tmk.view_mut(&a)?.iter_mut().enumerate().for_each(|(i, x)| *x = i as u64);
+    }
+    tmk.barrier(0)?;
     if me == 1 {
-        // A view of all ten pages that declares parts of pages 5 and 7: those two are fetched;
-        // page 9, read through the view without being declared, is fetched by its fault.
-        let v = tmk.view_parts(&a, [7 * 512..7 * 512 + 512, 5 * 512 + 1..5 * 512 + 2])?;
-        let got = [v[5 * 512 + 1], v[7 * 512 + 3], v[9 * 512 + 4]];
-        let want = [5 * 512 + 1, 7 * 512 + 3, 9 * 512 + 4];
+        let v = tmk.view_parts(&a, [7 * W..8 * W, 5 * W + 1..5 * W + 2])?;
+        let got = [v[5 * W + 1], v[7 * W + 3], v[9 * W + 4]];
+        let want = [5 * W + 1, 7 * W + 3, 9 * W + 4].map(|i| i as u64);
         check(got == want, || format!("read {got:?}, want {want:?}"))?;
-        let e = tmk.view_parts(&a, std::iter::once(0..10 * 512 + 1)).unwrap_err().to_string();
-        check(e.contains("part 0..5121") && e.contains("5120-element"), || e.clone())?;
+        let e = tmk.view_parts(&a, std::iter::once(0..40 * W + 1)).unwrap_err().to_string();
+        check(e.contains("part 0..20481") && e.contains("20480-element"), || e.clone())?;
+        drop(v);
+        let mut v = tmk.view_mut_parts(&a, (20..30).map(|p| p * W + 100..p * W + 200))?;
+        for p in (20..30).chain([35]) {
+            v[p * W + 150] += 1_000_000;
+        }
+        drop(v);
+        let e = tmk.view_mut_parts(&a, std::iter::once(5..4)).unwrap_err().to_string();
+        check(e.contains("part 5..4"), || e.clone())?;
     }
     tmk.barrier(0)?;
     if me == 0 {
         let d = tmk.stats()?.protocol.diffs_created;
-        check(d == 4, || format!("{d} diffs made for one page, then two declared and one touched"))?;
+        check(d == 14, || format!("{d} diffs made for 3 pages read and 11 written"))?;
+        let v = tmk.view(&a)?;
+        let bad = (0..40 * W).find(|&i| {
+            let bumped = (i % W == 150 && (20..30).contains(&(i / W))) || i == 35 * W + 150;
+            v[i] != i as u64 + if bumped { 1_000_000 } else { 0 }
+        });
+        check(bad.is_none(), || format!("word {bad:?} does not hold node 1's write"))?;
     }
     Ok(())
 }
@@ -409,6 +437,7 @@ fn main() -> ExitCode {
             "never-held" => never_held(&mut tmk),
             "lock-chain" => lock_chain(&mut tmk),
             "lazy" => lazy(&mut tmk),
+            "parts" => parts(&mut tmk),
             "push" => push(&mut tmk),
             "kill" => kill(&mut tmk),
             "errors" => errors(&mut tmk),
