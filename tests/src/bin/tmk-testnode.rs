@@ -157,7 +157,10 @@ fn parts(tmk: &mut Tmk) -> R {
             v[p * W + 150] += 1_000_000;
         }
         drop(v);
-        let e = tmk.view_mut_parts(&a, std::iter::once(5..4)).unwrap_err().to_string();
+        let e = tmk
+            .view_mut_parts(&a, std::iter::once(std::ops::Range { start: 5, end: 4 }))
+            .unwrap_err()
+            .to_string();
         check(e.contains("part 5..4"), || e.clone())?;
     }
     tmk.barrier(0)?;
