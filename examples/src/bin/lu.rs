@@ -351,17 +351,34 @@ fn dsm(app: &mut App, s: &Size) -> treadmarks::Result<(f64, bool, f64)> {
         }
     }
     tmk.barrier(0)?;
-    let t = Timer::start();
-    factor(s, me, owners, |op| match op {
-        Op::Task(task) => {
+    // The tasks of one step (between two barriers) run together: first one view declares every
+    // block they read, so the misses of the step are fetched at once, one request per writer,
+    // and one declares every block they write, twinned in one step; then the tasks run in order.
+    let run_step = |tmk: &mut treadmarks::Tmk, step: &mut Vec<Task>| -> treadmarks::Result<()> {
+        let range = |b: usize| b * area..(b + 1) * area;
+        drop(tmk.view_parts(&m, step.iter().flat_map(|t| t.sources().into_iter().flatten().map(range)))?);
+        drop(tmk.view_mut_parts(&m, step.iter().map(|t| range(t.target())))?);
+        for task in step.drain(..) {
             let [s0, s1] = task.sources().map(|b| b.map(blk));
             let (v0, v1) = (s0.map(|h| tmk.view(&h)).transpose()?, s1.map(|h| tmk.view(&h)).transpose()?);
             let mut a = tmk.view_mut(&blk(task.target()))?;
             task.run(&mut a, v0.as_deref().unwrap_or(&[]), v1.as_deref().unwrap_or(&[]), s.bs);
+        }
+        Ok(())
+    };
+    let mut step = Vec::new();
+    let t = Timer::start();
+    factor(s, me, owners, |op| match op {
+        Op::Task(task) => {
+            step.push(task);
             Ok(())
         }
-        Op::Barrier => tmk.barrier(0),
+        Op::Barrier => {
+            run_step(tmk, &mut step)?;
+            tmk.barrier(0)
+        }
     })?;
+    run_step(tmk, &mut step)?;
     tmk.barrier(0)?;
     let secs = t.secs();
     if me != 0 {
