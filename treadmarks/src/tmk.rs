@@ -29,9 +29,11 @@ const TWIN_AHEAD_MIN_PAGES: usize = 8;
 /// - One application thread per node touches the shared heap: the thread that called
 ///   [`Tmk::startup`]. A fault from any other thread aborts the process with a message.
 ///   (Threads inside a node come later.)
-/// - Views ([`Tmk::view`], [`Tmk::view_mut`]) borrow the `Tmk` immutably, and every
-///   synchronization call (`lock`, `unlock`, `barrier`, `exit`) takes it mutably, so a view cannot
-///   outlive the next synchronization and the compiler cannot reuse a value loaded before it.
+/// - Views ([`Tmk::view`], [`Tmk::view_mut`], and [`Tmk::view_parts`] /
+///   [`Tmk::view_mut_parts`], which declare only parts of an array) borrow the `Tmk` immutably,
+///   and every synchronization call (`lock`, `unlock`, `barrier`, `exit`) takes it mutably, so a
+///   view cannot outlive the next synchronization and the compiler cannot reuse a value loaded
+///   before it.
 ///   Overlapping views follow `RefCell` rules, checked at run time ([`Error::View`]).
 /// - A [`LockGuard`] derefs to the `Tmk`: inside a critical section, use the guard.
 /// - Only `bytemuck::Pod` types live in the heap or are distributed: other processes write their
