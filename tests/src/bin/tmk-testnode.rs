@@ -212,7 +212,14 @@ fn push(tmk: &mut Tmk) -> R {
     }
     let q = tmk.stats()?.protocol;
     let pushed = q.diffs_pushed - p.diffs_pushed;
-    check(pushed <= 2, || format!("{pushed} diffs pushed to a node that stopped reading"))?;
+    // The reader unsubscribes when it finds a push unused, at its second unused push at the
+    // latest. The writer may push once more before that arrives; after that, only node 0, the
+    // barrier manager, is sure to have it: the unsubscribe travels on the same link as the
+    // reader's next arrival, which node 0 takes in before the barrier completes. Another writer
+    // gets the unsubscribe on a link of its own, with no order against the manager's release.
+    if me == 0 {
+        check(pushed <= 3, || format!("{pushed} diffs pushed to a node that stopped reading"))?;
+    }
     check(q.pushes_wasted >= 1, || format!("{} unused pushes counted", q.pushes_wasted))?;
     // Reading again fetches as usual.
     let x = tmk.view(&a.slice(left * 512, left * 512 + 1))?[0];
