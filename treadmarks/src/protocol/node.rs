@@ -344,12 +344,16 @@ impl<M: PageMemory> Node<M> {
     /// once and is noticed once per diff, not once per interval, and an interval that made no
     /// twin carries no information and is not recorded.
     ///
-    /// A renewed twin (made when a diff was served, the page left writable) may not have been
-    /// written since. When the application is `blocked` (an acquire or a barrier), its page is
-    /// compared with the twin: if unchanged, the twin is dropped and the page write-protected
-    /// (the next write faults and makes a fresh twin), so each renewal is compared once. At a
-    /// release the application is already running again and may be writing the page, so the
-    /// twin is noticed without a look (at most one needless notice per renewal).
+    /// A renewed twin (made when a diff was served, the page left writable, or made ahead of
+    /// writes by a view) may not have been written since, so its page is compared with the twin:
+    /// if unchanged, the twin is dropped and the page write-protected (the next write faults and
+    /// makes a fresh twin), so each renewal is compared once. When the application is `blocked`
+    /// (an acquire or a barrier) nothing writes the page meanwhile. At a release the application
+    /// is already running again and may be writing it, so those pages are frozen first, one
+    /// protection change per run (a write waits in the slow path until the interval is closed),
+    /// and changed ones are made writable again. Noticing them unseen instead cost qsort a notice
+    /// for every page a node had served: 1,024 pages invalidated, cut and asked for again by the
+    /// next acquirer of the queue's lock, for nothing.
     pub(crate) fn close_interval(&mut self, blocked: bool) {
         let index = self.open_interval();
         let mut fresh = Vec::new();
@@ -357,17 +361,26 @@ impl<M: PageMemory> Node<M> {
         let mut opened = std::mem::take(&mut self.opened_twins);
         opened.sort_unstable();
         opened.dedup();
+        opened.retain(|p| self.pages[p.idx()].twin == Some(index));
+        let frozen: Vec<PageIdx> = if blocked {
+            Vec::new()
+        } else {
+            let renewed_writable =
+                |p: &PageIdx| self.pages[p.idx()].renewed && self.mem.access(*p) == Access::ReadWrite;
+            opened.iter().copied().filter(renewed_writable).collect()
+        };
+        self.freeze_in_runs(frozen.iter().copied());
         for &p in &opened {
-            let meta = &self.pages[p.idx()];
-            if meta.twin != Some(index) {
-                continue;
-            }
-            if meta.renewed && blocked && self.mem.same_as_twin(p) {
+            let comparable = blocked || frozen.binary_search(&p).is_ok();
+            if self.pages[p.idx()].renewed && comparable && self.mem.same_as_twin(p) {
                 unchanged.push(p);
             } else {
                 fresh.push(p);
             }
         }
+        let rewritable: Vec<PageIdx> =
+            fresh.iter().copied().filter(|p| frozen.binary_search(p).is_ok()).collect();
+        self.set_access_in_runs(rewritable, Access::ReadWrite);
         for &p in &unchanged {
             let meta = &mut self.pages[p.idx()];
             meta.twin = None;

@@ -310,3 +310,40 @@ fn a_page_read_last_epoch_has_its_next_diffs_pushed_until_it_goes_unread() {
     assert_eq!(net.read(1, 1, 0), 5);
     assert_eq!(net.count(t, 1, 0, DiffRequest), 1);
 }
+
+#[test]
+fn a_twin_renewed_when_served_is_noticed_at_a_release_only_if_its_page_changed() {
+    let mut net = Net::new(2);
+    net.write(0, 1, 0, 1);
+    net.barrier();
+    // Node 1 asks for page 1 while node 0's twin is fresh: node 0 renews the twin and leaves the
+    // page writable.
+    assert_eq!(net.read(1, 1, 0), 1);
+    assert_eq!(net.nodes[0].mem().access(PageIdx(1)), Access::ReadWrite);
+    let notices = net.nodes[0].stats().write_notices_made;
+    // A critical section that does not touch the page: the release compares it with the twin
+    // and makes no notice; the page is write-protected again.
+    net.nodes[0].request_acquire(LockId(0)).unwrap();
+    net.settle();
+    assert_eq!(net.done(0), Some(AppDone::Acquired(LockId(0))));
+    net.nodes[0].request_release(LockId(0)).unwrap();
+    net.settle();
+    assert_eq!(net.nodes[0].stats().write_notices_made, notices, "no notice for an unwritten page");
+    assert_eq!(net.nodes[0].mem().access(PageIdx(1)), Access::Read);
+
+    // Renewed again, then written inside the critical section: noticed, and still writable.
+    net.write(0, 1, 0, 2);
+    net.barrier();
+    assert_eq!(net.read(1, 1, 0), 2);
+    let notices = net.nodes[0].stats().write_notices_made;
+    net.nodes[0].request_acquire(LockId(0)).unwrap();
+    net.settle();
+    assert_eq!(net.done(0), Some(AppDone::Acquired(LockId(0))));
+    net.write(0, 1, 0, 3);
+    net.nodes[0].request_release(LockId(0)).unwrap();
+    net.settle();
+    assert_eq!(net.nodes[0].stats().write_notices_made, notices + 1);
+    assert_eq!(net.nodes[0].mem().access(PageIdx(1)), Access::ReadWrite);
+    net.barrier();
+    assert_eq!(net.read(1, 1, 0), 3);
+}
