@@ -9,8 +9,9 @@
 //!   validation that asks node 1 for every diff and applies them (freezing, diffing, encoding,
 //!   framing, applying, on top of the wire; and the first touch of the memory at both ends);
 //! - **reread**: the same pages every round: node 0 read them last round, so node 1 pushes their
-//!   diffs at the barrier (`protocol/push.rs`) and the view only applies them. With
-//!   `TMK_PUSH=0` this is a fetch of warm pages instead.
+//!   diffs at the barrier (`protocol/push.rs`) and the view only applies them, for up to
+//!   `PUSH_MAX_PAGES` (64) pages; beyond that, and with `TMK_PUSH=0`, this is a fetch of warm
+//!   pages instead.
 //!
 //! Without `--bench` (e.g. under `cargo test --benches`) it runs fewer rounds, as a smoke run.
 //! Timings are reported, never asserted.

@@ -13,6 +13,10 @@ struct Net {
 
 impl Net {
     fn new(n: u16) -> Net {
+        Net::with_pages(n, 4)
+    }
+
+    fn with_pages(n: u16, npages: u32) -> Net {
         let nodes = (0..n)
             .map(|i| {
                 let cfg = NodeConfig {
@@ -20,11 +24,12 @@ impl Net {
                     nprocs: n,
                     nlocks: 8,
                     nbarriers: 2,
-                    heap_size: 4 * PAGE as u64,
+                    heap_size: u64::from(npages) * PAGE as u64,
                     gc_threshold: u64::MAX,
                     push: true,
                 };
-                Node::new(cfg, VecMemory::new(4, PAGE, if n == 1 { Access::ReadWrite } else { Access::Read }))
+                let access = if n == 1 { Access::ReadWrite } else { Access::Read };
+                Node::new(cfg, VecMemory::new(npages, PAGE, access))
             })
             .collect();
         Net { nodes, log: Vec::new() }
@@ -346,4 +351,41 @@ fn a_twin_renewed_when_served_is_noticed_at_a_release_only_if_its_page_changed()
     assert_eq!(net.nodes[0].mem().access(PageIdx(1)), Access::ReadWrite);
     net.barrier();
     assert_eq!(net.read(1, 1, 0), 3);
+}
+
+#[test]
+fn a_subscriber_that_would_get_more_than_the_push_limit_fetches_instead() {
+    use super::push::PUSH_MAX_PAGES;
+    use MsgKind::*;
+    let many = PUSH_MAX_PAGES as u32 + 1;
+    let mut net = Net::with_pages(2, many + 1);
+    for p in 0..many {
+        net.write(0, p, 0, 1);
+    }
+    net.barrier();
+    for p in 0..many {
+        assert_eq!(net.read(1, p, 0), 1); // node 1 subscribes to every page
+    }
+    // All of them change: too many to push; node 1 asks when it reads, as without pushes.
+    for p in 0..many {
+        net.write(0, p, 0, 2);
+    }
+    let t = net.log.len();
+    net.barrier();
+    assert_eq!(net.count(t, 0, 1, DiffPush), 0);
+    for p in 0..many {
+        assert_eq!(net.read(1, p, 0), 2);
+    }
+    assert_eq!(net.count(t, 1, 0, DiffRequest), many as usize, "one miss per page, as it reads them");
+    // A few change: they are pushed.
+    for p in 0..3 {
+        net.write(0, p, 0, 3);
+    }
+    let (t, pushed) = (net.log.len(), net.nodes[0].stats().diffs_pushed);
+    net.barrier();
+    assert_eq!(net.count(t, 0, 1, DiffPush), 1);
+    assert_eq!(net.nodes[0].stats().diffs_pushed - pushed, 3);
+    let t = net.log.len();
+    assert_eq!(net.read(1, 1, 0), 3);
+    assert_eq!(net.log.len(), t, "no message for a pushed page");
 }
