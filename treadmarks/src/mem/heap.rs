@@ -81,9 +81,9 @@ pub struct Heap {
     /// The userfaultfd descriptor of the application view, if the heap uses that backend and is
     /// protected. Closing it (on drop) unregisters the view.
     uffd: Option<Uffd>,
-    /// Userfaultfd backend: pages known to exist in the memfd (allocated by `fallocate` before
-    /// their first invalidation; pages are never freed, so this only grows). Written only by
-    /// `change_run`, which runs on the service thread.
+    /// Pages known to exist in the memfd: populated before they were first twinned ahead, or
+    /// (userfaultfd backend) allocated by `fallocate` before their first invalidation. Pages
+    /// are never freed, so this only grows. Written only by the service thread.
     allocated: Box<[AtomicBool]>,
     /// Userfaultfd backend: pages the application view maps, as far as we know: set when a
     /// `UFFDIO_CONTINUE` maps a page (service thread or fault handler), cleared when an
@@ -280,7 +280,7 @@ impl Heap {
             page_size,
             npages,
             memfd,
-            allocated: (0..if uffd.is_some() { npages } else { 0 }).map(|_| AtomicBool::new(false)).collect(),
+            allocated: (0..npages).map(|_| AtomicBool::new(false)).collect(),
             mapped: (0..if uffd.is_some() { npages } else { 0 }).map(|_| AtomicBool::new(false)).collect(),
             uffd,
             states: (0..npages).map(|_| AtomicU8::new(initial)).collect(),
@@ -364,7 +364,40 @@ impl Heap {
         }
     }
 
-    /// Userfaultfd backend: makes sure the memfd pages `first..first + count` exist, so that an
+    /// Populates the runtime view of those of `pages` (ascending) that may be memfd holes,
+    /// one `MADV_POPULATE_READ` per run. Called before pages are twinned ahead of writes:
+    /// copying a hole into its twin reads it through the runtime view, and a read fault that
+    /// allocates a memfd page cost 3.7-3.9 µs on the 2-vCPU VM, against 2.8 µs a page to
+    /// populate a run (the allocation itself; a fresh 2,048-page array took 11 ms to twin, now
+    /// about 8.8 ms). Best effort: where the kernel lacks the advice (before Linux 5.14) or
+    /// refuses it, the pages are allocated as they are touched, as before. Changes no byte.
+    pub(super) fn populate(&self, pages: impl IntoIterator<Item = u32>) {
+        let populate_run = |run: Option<(u32, u32)>| {
+            let Some((first, count)) = run else { return };
+            let len = count as usize * self.page_size;
+            // SAFETY: the range lies inside the runtime view this heap maps (pages checked by
+            // the caller); populating a shared file mapping only allocates and maps the pages,
+            // and changes no byte.
+            let rc = unsafe { libc::madvise(self.runtime_page(first).cast(), len, libc::MADV_POPULATE_READ) };
+            if rc == 0 {
+                (first..first + count)
+                    .for_each(|p| self.allocated[p as usize].store(true, Ordering::Relaxed));
+            }
+        };
+        let mut run: Option<(u32, u32)> = None;
+        for p in pages.into_iter().filter(|&p| !self.allocated[p as usize].load(Ordering::Relaxed)) {
+            run = match run {
+                Some((first, count)) if first + count == p => Some((first, count + 1)),
+                other => {
+                    populate_run(other);
+                    Some((p, 1))
+                }
+            };
+        }
+        populate_run(run);
+    }
+
+    /// Makes sure the memfd pages `first..first + count` exist, so that an
     /// access to them is a minor fault and `UFFDIO_CONTINUE` can map them.
     fn ensure_allocated(&self, first: u32, count: u32) -> Result<(), i32> {
         let pages = first as usize..(first + count) as usize;

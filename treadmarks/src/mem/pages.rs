@@ -159,6 +159,13 @@ impl PageMemory for HeapPages {
         page == twin
     }
 
+    fn prepare_twins(&mut self, pages: &[PageIdx]) {
+        for &p in pages {
+            self.check(p);
+        }
+        self.0.populate(pages.iter().map(|p| p.0));
+    }
+
     fn make_twin(&mut self, p: PageIdx) {
         let i = self.check(p);
         let heap = &*self.0;

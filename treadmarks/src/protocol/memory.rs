@@ -51,6 +51,9 @@ pub trait PageMemory {
     fn twin(&self, p: PageIdx) -> &[u8];
     /// Copies page `p` into its twin slot. Requires `access(p) != ReadWrite`.
     fn make_twin(&mut self, p: PageIdx);
+    /// About to twin `pages` (ascending) one by one: a chance to prepare them together (the heap
+    /// backs pages nobody touched yet with memory in one call). Changes no byte.
+    fn prepare_twins(&mut self, _pages: &[PageIdx]) {}
     /// True if page `p` equals its twin (nothing written since the twin was made). May be called
     /// on a `ReadWrite` page only while the application thread is inside a synchronization call,
     /// so that nothing writes the page meanwhile.

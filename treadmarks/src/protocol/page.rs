@@ -286,11 +286,11 @@ impl<M: PageMemory> Node<M> {
     /// Twins every valid read-only page of `pages` (ascending) and makes them writable, in runs.
     fn twin_ahead(&mut self, pages: &[PageIdx]) {
         let open = self.open_interval();
+        let readable: Vec<PageIdx> =
+            pages.iter().copied().filter(|&p| self.mem.access(p) == Access::Read).collect();
+        self.mem.prepare_twins(&readable);
         let mut twinned = Vec::new();
-        for &p in pages {
-            if self.mem.access(p) != Access::Read {
-                continue;
-            }
+        for p in readable {
             self.mem.make_twin(p);
             let meta = &mut self.pages[p.idx()];
             meta.twin = Some(open);

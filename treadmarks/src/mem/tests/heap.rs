@@ -191,3 +191,26 @@ fn commit_backs_the_pages_of_a_range_without_changing_them() {
     assert!(!heap.commit(0, 0), "empty range");
     assert_eq!(heap.backed_bytes(), 4 * page as u64);
 }
+
+#[test]
+fn preparing_twins_backs_the_holes_among_the_pages_without_changing_them() {
+    use crate::mem::HeapPages;
+    use crate::protocol::ids::PageIdx;
+    use crate::protocol::memory::PageMemory;
+    let page = super::super::heap::system_page_size();
+    let heap = Heap::map(HeapLayout { protect: false, ..layout(41, 8) }).unwrap();
+    // SAFETY: an unprotected heap's application view is readable and writable; page 2 is inside.
+    unsafe { heap.app_base().add(2 * page + 7).write_volatile(42) };
+    assert_eq!(heap.backed_bytes(), page as u64);
+    let mut pages = HeapPages(heap.clone());
+    pages.prepare_twins(&[PageIdx(1), PageIdx(2), PageIdx(3), PageIdx(6)]);
+    assert_eq!(heap.backed_bytes(), 4 * page as u64, "pages 1, 3 and 6 backed, page 2 was already");
+    // SAFETY: as above; pages 2 and 6 are inside.
+    assert_eq!(unsafe { heap.app_base().add(2 * page + 7).read_volatile() }, 42, "preparing changed data");
+    // SAFETY: as above.
+    assert_eq!(
+        unsafe { heap.app_base().add(6 * page + 9).read_volatile() },
+        0,
+        "a backed hole reads as zeros"
+    );
+}
