@@ -201,6 +201,7 @@ impl<M: PageMemory> Node<M> {
         self.diff_seq += 1;
         self.acct.diff_bytes += (diff.encoded_len() + size_of::<OwnDiff>() + 4 * first_vt.len()) as u64;
         self.stats.diffs_created += 1;
+        self.note_cut(p);
         self.stats.diff_bytes_created += diff.encoded_len() as u64;
         self.pages[p.idx()].diffs.push(OwnDiff { seq: self.diff_seq, first, first_vt, diff });
         end

@@ -67,6 +67,12 @@ pub(crate) struct PushState {
     pushed: BTreeMap<(PageIdx, NodeId), Pushed>,
     /// Episode of the last collecting barrier (pushes for it or earlier are stale).
     collected_at: u64,
+    /// Subscribed pages whose twin was cut (a diff made) since the last push: with the pages
+    /// twinned now, the only ones that can have something to push.
+    cut_since_push: Vec<PageIdx>,
+    /// Subscribed pages looked at by pushes so far (tests check it does not grow with pages
+    /// read once and left alone).
+    pub(crate) examined: u64,
 }
 
 impl PushState {
@@ -80,6 +86,14 @@ impl PushState {
 }
 
 impl<M: PageMemory> Node<M> {
+    /// A diff of page `p` was just made: remember the page for the next push if somebody
+    /// subscribes to it.
+    pub(crate) fn note_cut(&mut self, p: PageIdx) {
+        if self.push.subscribers.contains_key(&p) {
+            self.push.cut_since_push.push(p);
+        }
+    }
+
     /// After serving `asks` from `from` with `served` (in the same order): `from` subscribes to
     /// those pages, and now has every diff it was sent.
     pub(crate) fn note_subscribers(&mut self, from: NodeId, asks: &[DiffAsk], served: &[PageDiffs]) {
@@ -89,6 +103,10 @@ impl<M: PageMemory> Node<M> {
         for (a, pd) in asks.iter().zip(served) {
             let newest = pd.diffs.iter().map(|d| d.seq).max().unwrap_or(0).max(a.after_seq);
             self.push.subscribe(a.page, from, newest);
+            // It asked up to an older interval than our newest diff: that one is for the next push.
+            if self.pages[a.page.idx()].diffs.last().is_some_and(|d| d.seq > newest) {
+                self.push.cut_since_push.push(a.page);
+            }
         }
     }
 
@@ -96,12 +114,23 @@ impl<M: PageMemory> Node<M> {
     /// pages that changed since it last got them (see the module docs).
     pub(crate) fn push_to_subscribers(&mut self) {
         if self.push.subscribers.is_empty() {
+            self.push.cut_since_push.clear();
             return;
         }
         let closed = self.vt.get(self.me);
         let episode = self.stats.barriers + 1;
         let mut asks: Vec<Vec<DiffAsk>> = vec![Vec::new(); self.nprocs()];
-        for (&p, subs) in &self.push.subscribers {
+        // Only a page twinned now or cut since the last push can have a twin to cut or a diff a
+        // subscriber lacks: looking at those, not at every subscription, keeps a barrier's cost
+        // independent of how many pages others ever read (4,000 pages read once made every
+        // later barrier at 2 nodes 60 µs instead of 25).
+        let mut candidates: Vec<PageIdx> =
+            self.twinned.iter().copied().chain(self.push.cut_since_push.drain(..)).collect();
+        candidates.sort_unstable();
+        candidates.dedup();
+        for p in candidates {
+            let Some(subs) = self.push.subscribers.get(&p) else { continue };
+            self.push.examined += 1;
             let meta = &self.pages[p.idx()];
             let twin_to_cut = meta.twin.is_some_and(|first| first <= closed);
             let newest = meta.diffs.last().map_or(0, |d| d.seq);
@@ -235,6 +264,7 @@ impl<M: PageMemory> Node<M> {
     /// A collection dropped the consistency data that subscriptions and pushed diffs refer to.
     pub(crate) fn forget_pushes(&mut self) {
         self.push.subscribers.clear();
+        self.push.cut_since_push.clear();
         self.stats.pushes_wasted += self.push.pushed.len() as u64;
         self.push.pushed.clear();
         self.push.collected_at = self.stats.barriers + 1;

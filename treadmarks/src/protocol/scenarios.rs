@@ -389,3 +389,24 @@ fn a_subscriber_that_would_get_more_than_the_push_limit_fetches_instead() {
     assert_eq!(net.read(1, 1, 0), 3);
     assert_eq!(net.log.len(), t, "no message for a pushed page");
 }
+
+#[test]
+fn a_barrier_looks_only_at_subscribed_pages_that_changed() {
+    let mut net = Net::with_pages(2, 40);
+    for p in 0..40 {
+        net.write(0, p, 0, 1);
+    }
+    net.barrier();
+    for p in 0..40 {
+        assert_eq!(net.read(1, p, 0), 1); // node 1 subscribes to all 40 pages
+    }
+    let before = net.nodes[0].push.examined;
+    for _ in 0..5 {
+        net.barrier();
+    }
+    assert_eq!(net.nodes[0].push.examined, before, "pages nobody wrote are not looked at");
+    net.write(0, 7, 0, 2);
+    net.barrier();
+    assert_eq!(net.nodes[0].push.examined, before + 1, "one written page, one look");
+    assert_eq!(net.read(1, 7, 0), 2);
+}
