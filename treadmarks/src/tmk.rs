@@ -316,9 +316,7 @@ impl Tmk {
     /// to date at once, one request per writer for all of them, before the view is returned
     /// (raw pointers fault page by page instead).
     pub fn view<T: Pod>(&self, h: &Shared<[T]>) -> Result<View<'_, T>> {
-        let view = self.borrows.view(&self.heap, h)?;
-        self.validate(self.heap.invalid_pages(h.offset(), Self::bytes(h)), false)?;
-        Ok(view)
+        self.view_parts(h, std::iter::once(0..h.len()))
     }
 
     /// A view of a shared array of which the application declares it reads only `parts`
@@ -387,16 +385,7 @@ impl Tmk {
     /// barrier or an acquire; under a lock the interval ends at the (asynchronous) release,
     /// which cannot check, so there pages fault one by one as usual.
     pub fn view_mut<T: Pod>(&self, h: &Shared<[T]>) -> Result<ViewMut<'_, T>> {
-        let view = self.borrows.view_mut(&self.heap, h)?;
-        if self.held.is_empty() {
-            let unwritable = self.heap.unwritable_pages(h.offset(), Self::bytes(h));
-            if unwritable.len() >= TWIN_AHEAD_MIN_PAGES {
-                self.validate(unwritable, true)?;
-                return Ok(view);
-            }
-        }
-        self.validate(self.heap.invalid_pages(h.offset(), Self::bytes(h)), false)?;
-        Ok(view)
+        self.view_mut_parts(h, std::iter::once(0..h.len()))
     }
 
     /// Brings `pages` up to date (and with `write`, twins them ahead of writes), timed as view

@@ -24,6 +24,13 @@ fn app_write(heap: &Heap, offset: usize, value: u8) {
     unsafe { std::ptr::write_volatile(heap.app_base().add(offset), value) }
 }
 
+/// Page `p` as a fetched page: `byte` everywhere, read-only.
+fn fill_read_only(pages: &mut HeapPages, p: u32, byte: u8) {
+    pages.set_access(PageIdx(p), 1, Access::None);
+    pages.page_mut(PageIdx(p)).fill(byte);
+    pages.set_access(PageIdx(p), 1, Access::Read);
+}
+
 /// A test service thread: waits on the service eventfd, takes each fault, lets `resolve` fix
 /// the page through `HeapPages`, wakes the application thread. Stops after `n` faults; fails
 /// if they do not all come within 20 s.
@@ -59,9 +66,7 @@ fn fast_path_twins_a_write_to_a_read_only_page(backend: FaultBackend, test: &str
         let bell = Doorbell::new().unwrap();
         let mut pages = HeapPages(heap.clone());
         // Old contents of page 3: 0xaa everywhere.
-        pages.set_access(PageIdx(3), 1, Access::None);
-        pages.page_mut(PageIdx(3)).fill(0xaa);
-        pages.set_access(PageIdx(3), 1, Access::Read);
+        fill_read_only(&mut pages, 3, 0xaa);
 
         let _handler = FaultHandler::install(heap.clone(), bell.clone()).unwrap();
         app_write(&heap, 3 * ps + 10, 0x55);
@@ -94,13 +99,9 @@ fn pages_made_writable_ahead_take_no_fault(backend: FaultBackend, test: &str) {
         let mut pages = HeapPages(heap.clone());
         // Page 3 was fetched (mapped, write-protected); page 4 is a hole nobody touched; page 5
         // was read through the runtime view only; page 6 was mapped, then invalidated.
-        pages.set_access(PageIdx(3), 1, Access::None);
-        pages.page_mut(PageIdx(3)).fill(0xaa);
-        pages.set_access(PageIdx(3), 1, Access::Read);
+        fill_read_only(&mut pages, 3, 0xaa);
         assert_eq!(pages.page(PageIdx(5))[0], 0);
-        pages.set_access(PageIdx(6), 1, Access::None);
-        pages.page_mut(PageIdx(6)).fill(0xbb);
-        pages.set_access(PageIdx(6), 1, Access::Read);
+        fill_read_only(&mut pages, 6, 0xbb);
         let _handler = FaultHandler::install(heap.clone(), bell.clone()).unwrap();
         assert_eq!(app_read(&heap, 6 * ps), 0xbb);
         pages.set_access(PageIdx(6), 1, Access::None);
