@@ -413,11 +413,11 @@ impl Heap {
     /// exist yet; returns errno on failure.
     fn allocate(&self, offset: u64, len: u64) -> Result<(), i32> {
         assert!(offset.saturating_add(len) <= self.size as u64, "memfd range outside the heap");
+        let (fd, offset, len) = (self.memfd.as_raw_fd(), offset as libc::off_t, len as libc::off_t);
         // SAFETY: plain system call on the memfd this heap owns, for a range inside its size
         // (asserted above). Mode 0 only allocates the holes of the range; it changes no byte
         // (holes read as zeros either way).
-        let rc =
-            unsafe { libc::fallocate(self.memfd.as_raw_fd(), 0, offset as libc::off_t, len as libc::off_t) };
+        let rc = unsafe { libc::fallocate(fd, 0, offset, len) };
         if rc == 0 { Ok(()) } else { Err(super::sigsafe::errno()) }
     }
 
