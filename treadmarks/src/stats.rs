@@ -91,7 +91,7 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let p = &self.protocol;
         let sent = self.sent();
-        let fields: [(&str, f64); 27] = [
+        let fields: [(&str, f64); 29] = [
             ("node", f64::from(self.node.0)),
             ("nprocs", f64::from(self.nprocs)),
             ("msgs_sent", sent.msgs as f64),
@@ -110,6 +110,8 @@ impl Stats {
             ("write_notices_made", p.write_notices_made as f64),
             ("lock_acquires_local", p.lock_acquires_local as f64),
             ("lock_acquires_remote", p.lock_acquires_remote as f64),
+            ("lock_tokens_bundled", p.lock_tokens_bundled as f64),
+            ("lock_tokens_received", p.lock_tokens_received as f64),
             ("barriers", p.barriers as f64),
             ("collections", p.collections as f64),
             ("lock_wait_ms", ms(self.lock_wait)),
@@ -161,10 +163,13 @@ impl fmt::Display for Stats {
         )?;
         writeln!(
             f,
-            "  locks: {} local, {} remote, wait {:.3} ms   barriers: {}, wait {:.3} ms   miss wait {:.3} ms   view wait {:.3} ms",
+            "  locks: {} local, {} remote, wait {:.3} ms, tokens bundled {} out / {} in, {} forwards returned   barriers: {}, wait {:.3} ms   miss wait {:.3} ms   view wait {:.3} ms",
             p.lock_acquires_local,
             p.lock_acquires_remote,
             ms(self.lock_wait),
+            p.lock_tokens_bundled,
+            p.lock_tokens_received,
+            p.lock_forwards_returned,
             p.barriers,
             ms(self.barrier_wait),
             ms(self.miss_wait),

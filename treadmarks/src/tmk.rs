@@ -98,6 +98,7 @@ impl Tmk {
             heap_size: config.heap_size as u64,
             gc_threshold: config.gc_threshold,
             push: config.push,
+            lock_bundle: config.lock_bundle,
         };
         let node = Node::new(node_cfg, HeapPages(heap.clone()));
         let mut children = None;

@@ -1,16 +1,42 @@
 //! Locks: a static manager per lock (`lock % nprocs`), requests forwarded along the
 //! last-requester chain, grants straight from releaser to acquirer carrying every interval the
-//! acquirer lacks.
+//! acquirer lacks, and *bundled grants*: a grant also passes along the tokens of locks the
+//! acquirer expects to take next (its wish, from `lock_history.rs`) that the granter holds unused.
 //!
 //! # Lock state (per node, per lock)
 //! - `token`: this node was the lock's last holder and has not passed it on. Initially the
 //!   manager has every token it manages. Re-acquiring a lock whose token we have costs no message.
 //! - `held`: the application holds the lock (implies `token`).
 //! - `requested`: we asked for the lock and wait for its grant.
-//! - `next`: the node that asked for the lock after us (forwarded by the manager); we grant to it
-//!   at our release, or at once if we have the token and do not hold the lock.
-//! - `last_requester` (manager only): the node the manager forwards the next request to. The
-//!   chain of forwards gives every requester at most one successor, so `next` is a single slot.
+//! - `requests`: how many requests we made for the lock; a request carries its number.
+//! - `next`: the request forwarded to us to be served after us; we grant to it at our release, or
+//!   at once if we have the token and do not hold the lock.
+//! - `tail` (manager only): the node the manager forwards the next request to, and which of its
+//!   requests made it the last requester (`None`: a bundled grant gave it the token). The chain
+//!   of forwards gives every requester at most one successor, so `next` is a single slot.
+//!
+//! # Bundled tokens, and why the chain stays sound
+//! The manager's `tail` must name the node that holds the token or waits for it last; a token
+//! that moves without a request would leave it stale. So a token `b` travels in a grant to `to`
+//! only if it is unused here (token, not held, nobody in `next`), we do not expect to take it
+//! next ourselves (`LockHistory::expects`), and either
+//! 1. we are `b`'s manager and its tail is ourselves: we set the tail to `to` (nothing is in
+//!    flight, the chain is exact); or
+//! 2. `to` is `b`'s manager: on receipt it sets the tail to itself if the tail was still us.
+//!    Otherwise a request reached the manager after we became its tail, and its forward is on
+//!    its way to us; we send it back to the manager, which still holds the token when it comes
+//!    (it cannot pass on a token while its tail is another node), in order behind the grant.
+//!
+//! A forward is queued (`next`) only by the token's holder, or by a node waiting for the lock when
+//! the forward's `tail` is its current request, i.e. the manager ordered the requester after it.
+//! A forward that reaches a node without the token for an older request of its (or, with `tail`
+//! `None`, after case 2 took the token away) is the in-flight one of case 2 and goes back to the
+//! manager. So nobody waits behind a node that waits behind it: the manager's order is the queue.
+//!
+//! The grant's intervals are everything the granter knows that the acquirer lacks, which covers
+//! every release of a bundled lock before it (all were ours or known to us), so the acquirer may
+//! take a bundled lock later without a message and see what LRC requires. It incorporates them
+//! once, inside the acquire that the grant completes.
 
 use super::ProtocolError;
 use super::ids::{IntervalIdx, LockId, NodeId, PageIdx};
@@ -20,6 +46,23 @@ use super::msg::{DiffWire, Message, PageDiffs};
 use super::node::{AppDone, Node, Pending};
 use super::vtime::VectorTime;
 
+/// A request for a lock on its way to the token: who asks, what it knows, and the locks it
+/// expects to take next.
+#[derive(Clone, Debug)]
+pub struct LockAsk {
+    pub requester: NodeId,
+    pub vt: VectorTime,
+    pub wish: Vec<LockId>,
+}
+
+/// Where the manager sends the next request for a lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tail {
+    pub node: NodeId,
+    /// The node's request that made it the tail; `None` when a bundled grant did.
+    pub request: Option<u32>,
+}
+
 /// One lock as one node sees it.
 #[derive(Clone, Debug)]
 pub struct LockState {
@@ -27,9 +70,10 @@ pub struct LockState {
     pub held: bool,
     pub token: bool,
     pub requested: bool,
-    pub next: Option<(NodeId, VectorTime)>,
+    pub requests: u32,
+    pub next: Option<LockAsk>,
     /// Meaningful on the lock's manager only.
-    pub last_requester: NodeId,
+    pub tail: Tail,
 }
 
 impl LockState {
@@ -40,8 +84,9 @@ impl LockState {
             held: false,
             token: manager == me,
             requested: false,
+            requests: 0,
             next: None,
-            last_requester: manager,
+            tail: Tail { node: manager, request: None },
         }
     }
 }
@@ -66,10 +111,12 @@ impl<M: PageMemory> Node<M> {
         self.check_lock(lock)?;
         self.begin("acquire")?;
         self.warn_if_collection_overdue();
-        let st = &mut self.locks[lock.idx()];
-        if st.held {
+        if self.locks[lock.idx()].held {
             return Err(ProtocolError::AlreadyHeld { lock });
         }
+        let wish = self.lock_history.wish(lock);
+        self.lock_history.record(lock);
+        let st = &mut self.locks[lock.idx()];
         if st.token {
             st.held = true;
             self.stats.lock_acquires_local += 1;
@@ -78,9 +125,11 @@ impl<M: PageMemory> Node<M> {
             return Ok(());
         }
         st.requested = true;
+        st.requests = st.requests.wrapping_add(1);
+        let seq = st.requests;
         self.stats.lock_acquires_remote += 1;
         self.pending = Pending::Acquire(lock);
-        let msg = Message::LockRequest { lock, vt: self.vt.clone() };
+        let msg = Message::LockRequest { lock, seq, vt: self.vt.clone(), wish };
         self.outbox.push_back((self.manager_of(lock), msg));
         self.deliver_local()
     }
@@ -96,33 +145,69 @@ impl<M: PageMemory> Node<M> {
         self.locks[lock.idx()].held = false;
         // Releases do not wait for the runtime: the application may be writing already.
         self.close_interval(false);
-        if let Some((to, vt)) = self.locks[lock.idx()].next.take() {
-            self.grant(lock, to, &vt);
+        if let Some(ask) = self.locks[lock.idx()].next.take() {
+            self.grant(lock, ask);
         }
         self.deliver_local()
     }
 
-    fn grant(&mut self, lock: LockId, to: NodeId, vt: &VectorTime) {
+    fn grant(&mut self, lock: LockId, ask: LockAsk) {
         self.locks[lock.idx()].token = false;
-        let intervals = self.log.newer_than(vt);
-        let diffs = self.diffs_for_grant(lock, vt, &intervals);
-        self.outbox.push_back((to, Message::LockGrant { lock, intervals, diffs }));
+        let to = ask.requester;
+        let bundled = self.bundle(lock, to, &ask.wish);
+        let intervals = self.log.newer_than(&ask.vt);
+        let mut locks = bundled.clone();
+        locks.push(lock);
+        let diffs = self.diffs_for_grant(&locks, &ask.vt, &intervals);
+        self.outbox.push_back((to, Message::LockGrant { lock, intervals, diffs, bundled }));
+    }
+
+    /// The tokens of wished-for locks a grant of `lock` to `to` passes along, taken from this
+    /// node (the module docs say which qualify and why).
+    fn bundle(&mut self, lock: LockId, to: NodeId, wish: &[LockId]) -> Vec<LockId> {
+        let mut out = Vec::new();
+        for &b in wish {
+            if out.len() >= self.lock_history.limit() {
+                break;
+            }
+            if b == lock || out.contains(&b) || self.lock_history.expects(b) {
+                continue;
+            }
+            let manager = self.manager_of(b);
+            let me = self.me;
+            let st = &mut self.locks[b.idx()];
+            if !st.token || st.held || st.next.is_some() {
+                continue;
+            }
+            if manager == me && st.tail.node == me {
+                st.tail = Tail { node: to, request: None };
+            } else if manager != to {
+                continue;
+            }
+            st.token = false;
+            out.push(b);
+        }
+        self.stats.lock_tokens_bundled += out.len() as u64;
+        out
     }
 
     /// The diffs a grant carries: for each page we began writing (made its twin) in an interval
-    /// the acquirer lacks and in which we held this lock — the data the lock protects, most
-    /// likely what the acquirer reads next — every diff of ours made after the acquirer's
-    /// knowledge of us, cutting the twin if need be (the acquirer needs all of them to consider
-    /// the page complete). Pages that were merely still twinned from before are not sent.
-    /// Bounded by [`PIGGYBACK_LIMIT`] bytes; beyond it the acquirer fetches as usual.
+    /// the acquirer lacks and in which we held one of `locks` (the granted lock and the bundled
+    /// ones) — the data the locks protect, most likely what the acquirer reads next — every diff
+    /// of ours made after the acquirer's knowledge of us, cutting the twin if need be (the
+    /// acquirer needs all of them to consider the page complete). Pages that were merely still
+    /// twinned from before are not sent. Bounded by [`PIGGYBACK_LIMIT`] bytes; beyond it the
+    /// acquirer fetches as usual.
     fn diffs_for_grant(
         &mut self,
-        lock: LockId,
+        locks: &[LockId],
         vt: &VectorTime,
         intervals: &[IntervalRecord],
     ) -> Vec<PageDiffs> {
-        let held: Vec<&IntervalRecord> =
-            intervals.iter().filter(|r| r.node == self.me && r.locks.contains(&lock)).collect();
+        let held: Vec<&IntervalRecord> = intervals
+            .iter()
+            .filter(|r| r.node == self.me && r.locks.iter().any(|l| locks.contains(l)))
+            .collect();
         let began_under_lock = |first: IntervalIdx| held.iter().any(|r| r.index == first);
         let mut pages: Vec<PageIdx> = held.iter().flat_map(|r| r.pages.iter().copied()).collect();
         pages.sort_unstable();
@@ -149,22 +234,32 @@ impl<M: PageMemory> Node<M> {
         out
     }
 
+    /// Checks the locks a peer's wish or bundle names.
+    fn check_locks(&self, locks: &[LockId]) -> Result<(), ProtocolError> {
+        locks.iter().try_for_each(|&l| self.check_lock(l))
+    }
+
     pub(crate) fn handle_lock_request(
         &mut self,
         from: NodeId,
         lock: LockId,
-        vt: VectorTime,
+        seq: u32,
+        ask: LockAsk,
     ) -> Result<(), ProtocolError> {
         self.check_lock(lock)?;
+        self.check_locks(&ask.wish)?;
         let bad = |what: &str| ProtocolError::Unexpected { from, what: format!("{what} for {lock}") };
-        if self.manager_of(lock) != self.me || vt.len() != self.nprocs() {
+        if self.manager_of(lock) != self.me || ask.vt.len() != self.nprocs() {
             return Err(bad("lock request"));
         }
-        let last = std::mem::replace(&mut self.locks[lock.idx()].last_requester, from);
-        if last == from {
+        let tail = Tail { node: from, request: Some(seq) };
+        let last = std::mem::replace(&mut self.locks[lock.idx()].tail, tail);
+        if last.node == from {
             return Err(bad("second lock request without a grant in between"));
         }
-        self.outbox.push_back((last, Message::LockForward { lock, requester: from, vt }));
+        let LockAsk { requester, vt, wish } = ask;
+        let msg = Message::LockForward { lock, requester, vt, wish, tail: last.request };
+        self.outbox.push_back((last.node, msg));
         Ok(())
     }
 
@@ -172,19 +267,29 @@ impl<M: PageMemory> Node<M> {
         &mut self,
         from: NodeId,
         lock: LockId,
-        requester: NodeId,
-        vt: VectorTime,
+        ask: LockAsk,
+        tail: Option<u32>,
     ) -> Result<(), ProtocolError> {
         self.check_lock(lock)?;
+        self.check_locks(&ask.wish)?;
         let bad = |what: &str| ProtocolError::Unexpected { from, what: format!("{what} of {lock}") };
-        if from != self.manager_of(lock) || requester.idx() >= self.nprocs() || vt.len() != self.nprocs() {
+        let manager = self.manager_of(lock);
+        // From the manager, or sent back to us, the manager, by a node that bundled us the token.
+        let sender_ok = from == manager || manager == self.me;
+        if !sender_ok || ask.requester.idx() >= self.nprocs() || ask.vt.len() != self.nprocs() {
             return Err(bad("lock forward"));
         }
         let st = &mut self.locks[lock.idx()];
+        let after_our_request = st.requested && tail == Some(st.requests);
         if st.token && !st.held {
-            self.grant(lock, requester, &vt);
-        } else if (st.held || st.requested) && st.next.is_none() {
-            st.next = Some((requester, vt));
+            self.grant(lock, ask);
+        } else if (st.token || after_our_request) && st.next.is_none() {
+            st.next = Some(ask);
+        } else if !st.token && !after_our_request && manager != self.me {
+            // We were the tail when we bundled the token to the manager: it holds it.
+            self.stats.lock_forwards_returned += 1;
+            let LockAsk { requester, vt, wish } = ask;
+            self.outbox.push_back((manager, Message::LockForward { lock, requester, vt, wish, tail: None }));
         } else {
             return Err(bad("lock forward while neither holding nor awaiting"));
         }
@@ -197,10 +302,20 @@ impl<M: PageMemory> Node<M> {
         lock: LockId,
         intervals: Vec<IntervalRecord>,
         diffs: Vec<PageDiffs>,
+        bundled: Vec<LockId>,
     ) -> Result<(), ProtocolError> {
         self.check_lock(lock)?;
+        self.check_locks(&bundled)?;
         if !matches!(self.pending, Pending::Acquire(l) if l == lock) || !self.locks[lock.idx()].requested {
             return Err(ProtocolError::Unexpected { from, what: format!("grant of {lock}") });
+        }
+        for (i, &b) in bundled.iter().enumerate() {
+            let st = &self.locks[b.idx()];
+            let manager = self.manager_of(b);
+            let ours = st.token || st.held || st.requested || b == lock || bundled[..i].contains(&b);
+            if ours || (manager != from && manager != self.me) {
+                return Err(ProtocolError::Unexpected { from, what: format!("{b} bundled with {lock}") });
+            }
         }
         for d in &diffs {
             self.check_page(from, d.page)?;
@@ -221,6 +336,16 @@ impl<M: PageMemory> Node<M> {
         st.requested = false;
         st.held = true;
         st.token = true;
+        for b in bundled {
+            let me = self.me;
+            let manager = self.manager_of(b);
+            let st = &mut self.locks[b.idx()];
+            st.token = true;
+            if manager == me && st.tail.node == from {
+                st.tail = Tail { node: me, request: None };
+            }
+            self.stats.lock_tokens_received += 1;
+        }
         self.interval_locks.push(lock);
         self.pending = Pending::None;
         self.done.push_back(AppDone::Acquired(lock));

@@ -26,6 +26,7 @@ pub mod gc;
 pub mod ids;
 pub mod interval;
 pub mod lock;
+pub mod lock_history;
 pub mod memory;
 pub mod msg;
 pub mod node;

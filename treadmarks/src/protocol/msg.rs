@@ -68,13 +68,18 @@ pub enum AllocFailure {
 /// Every message of the protocol.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Message {
-    /// Acquirer → the lock's manager.
-    LockRequest { lock: LockId, vt: VectorTime },
-    /// Manager → the last requester of the lock: `requester` wants it after you.
-    LockForward { lock: LockId, requester: NodeId, vt: VectorTime },
-    /// Releaser → acquirer: the lock, with every interval the acquirer lacks, and the releaser's
-    /// diffs of the pages it wrote while holding this lock (see `lock.rs`).
-    LockGrant { lock: LockId, intervals: Vec<IntervalRecord>, diffs: Vec<PageDiffs> },
+    /// Acquirer → the lock's manager: the acquirer's `seq`-th request for the lock, and the
+    /// locks it expects to take next (its wish, `lock_history.rs`).
+    LockRequest { lock: LockId, seq: u32, vt: VectorTime, wish: Vec<LockId> },
+    /// Manager → the last requester of the lock: `requester` wants it after you. `tail` is the
+    /// request of yours that made you the last requester (`None`: a grant passed you the token
+    /// unasked). A former holder that passed the token to the manager sends a forward that was
+    /// still on its way back to the manager (see `lock.rs`).
+    LockForward { lock: LockId, requester: NodeId, vt: VectorTime, wish: Vec<LockId>, tail: Option<u32> },
+    /// Releaser → acquirer: the lock, with every interval the acquirer lacks, the releaser's
+    /// diffs of the pages it wrote while holding this lock or a bundled one, and the tokens of
+    /// locks the acquirer wished for that the releaser held unused (`bundled`; see `lock.rs`).
+    LockGrant { lock: LockId, intervals: Vec<IntervalRecord>, diffs: Vec<PageDiffs>, bundled: Vec<LockId> },
     /// Client → barrier manager (node 0): arrival, with the client's intervals the manager lacks;
     /// `gc`: the client's consistency data is over the threshold (or it asked to collect).
     BarrierArrive { barrier: BarrierId, vt: VectorTime, intervals: Vec<IntervalRecord>, gc: bool },

@@ -15,7 +15,8 @@ use super::barrier::BarrierEpisode;
 use super::gc::{Accounting, GcRound};
 use super::ids::{BarrierId, IntervalIdx, LockId, NodeId, PageIdx};
 use super::interval::{IntervalLog, IntervalRecord};
-use super::lock::LockState;
+use super::lock::{LockAsk, LockState};
+use super::lock_history::LockHistory;
 use super::memory::{Access, PageMemory};
 use super::msg::{AllocFailure, Message, PageCopy, PageDiffs};
 use super::page::{Miss, PageMeta};
@@ -37,6 +38,9 @@ pub struct NodeConfig {
     pub gc_threshold: u64,
     /// Subscribe readers and push them diffs at barriers (`push.rs`); off, readers always ask.
     pub push: bool,
+    /// Most lock tokens one grant passes along unasked, and most locks a request wishes for
+    /// (`lock_history.rs`); 0: every lock is requested on its own. Nodes may differ.
+    pub lock_bundle: usize,
 }
 
 /// Completion of the application's pending request.
@@ -95,6 +99,8 @@ pub struct Node<M> {
     pub(crate) locks: Vec<LockState>,
     /// Locks held at some point during the open interval.
     pub(crate) interval_locks: Vec<LockId>,
+    /// The locks we acquired, and which followed which (wishes for bundled grants).
+    pub(crate) lock_history: LockHistory,
     pub(crate) barrier: BarrierEpisode,
     /// Our newest interval the barrier manager has been sent.
     pub(crate) sent_to_manager: IntervalIdx,
@@ -141,6 +147,7 @@ impl<M: PageMemory> Node<M> {
             diff_seq: 0,
             locks,
             interval_locks: Vec::new(),
+            lock_history: LockHistory::new(cfg.lock_bundle),
             barrier: BarrierEpisode::new(n),
             sent_to_manager: 0,
             allocator: (me == NodeId(0)).then(|| Allocator::new(cfg.heap_size)),
@@ -251,12 +258,14 @@ impl<M: PageMemory> Node<M> {
 
     pub(crate) fn dispatch(&mut self, from: NodeId, msg: Message) -> Result<(), ProtocolError> {
         match msg {
-            Message::LockRequest { lock, vt } => self.handle_lock_request(from, lock, vt),
-            Message::LockForward { lock, requester, vt } => {
-                self.handle_lock_forward(from, lock, requester, vt)
+            Message::LockRequest { lock, seq, vt, wish } => {
+                self.handle_lock_request(from, lock, seq, LockAsk { requester: from, vt, wish })
             }
-            Message::LockGrant { lock, intervals, diffs } => {
-                self.handle_lock_grant(from, lock, intervals, diffs)
+            Message::LockForward { lock, requester, vt, wish, tail } => {
+                self.handle_lock_forward(from, lock, LockAsk { requester, vt, wish }, tail)
+            }
+            Message::LockGrant { lock, intervals, diffs, bundled } => {
+                self.handle_lock_grant(from, lock, intervals, diffs, bundled)
             }
             Message::BarrierArrive { barrier, vt, intervals, gc } => {
                 self.handle_barrier_arrive(from, barrier, vt, intervals, gc)

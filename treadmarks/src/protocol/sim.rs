@@ -63,6 +63,10 @@ struct Shape {
     gc_threshold: u64,
     /// Whether writers push diffs at barriers (`push.rs`).
     push: bool,
+    /// Most lock tokens a grant bundles (`lock.rs`); 0: none.
+    lock_bundle: usize,
+    /// Lock walks ([`generate_walks`]) instead of random phases.
+    walks: bool,
 }
 
 fn generate(rng: &mut Rng, s: &Shape) -> Vec<Vec<Op>> {
@@ -118,6 +122,36 @@ fn generate(rng: &mut Rng, s: &Shape) -> Vec<Vec<Op>> {
     progs
 }
 
+/// Lock walks (Water's pattern): in every phase each node takes every lock once, starting at its
+/// own offset and going round, reading and writing a few of the words that lock guards, so the
+/// tokens move between nodes in long predictable runs that bundled grants (`lock.rs`) carry
+/// together. Words are guarded by lock `w % nlocks` throughout.
+fn generate_walks(rng: &mut Rng, s: &Shape) -> Vec<Vec<Op>> {
+    let mut progs = vec![Vec::new(); s.n];
+    let mut counter = 0u32;
+    let nlocks = s.nlocks;
+    for phase in 0..s.phases {
+        for (me, prog) in progs.iter_mut().enumerate() {
+            let start = (me as u32 * nlocks / s.n as u32 + phase as u32) % nlocks;
+            for k in 0..nlocks {
+                let l = (start + k) % nlocks;
+                prog.push(Op::Acquire(LockId(l)));
+                for _ in 0..rng.below(3) {
+                    let w = l + nlocks * rng.below(u64::from(s.words / nlocks)) as u32;
+                    counter += 1;
+                    prog.push(if rng.chance(60) { Op::Write(w, counter) } else { Op::Read(w) });
+                }
+                prog.push(Op::Release(LockId(l)));
+            }
+            prog.push(Op::Barrier(BarrierId((phase % 3) as u32)));
+        }
+    }
+    for prog in &mut progs {
+        prog.extend((0..s.words).map(Op::Read));
+    }
+    progs
+}
+
 struct SimNode {
     node: Node<VecMemory>,
     prog: Vec<Op>,
@@ -143,7 +177,7 @@ fn locate(w: u32) -> (PageIdx, usize) {
 impl Sim {
     fn new(seed: u64, s: &Shape) -> Sim {
         let mut rng = Rng(seed);
-        let progs = generate(&mut rng, s);
+        let progs = if s.walks { generate_walks(&mut rng, s) } else { generate(&mut rng, s) };
         let npages = s.words.div_ceil(WORDS_PER_PAGE);
         let access = if s.n == 1 { Access::ReadWrite } else { Access::Read };
         let nodes = progs
@@ -158,6 +192,7 @@ impl Sim {
                     heap_size: (npages as usize * PAGE) as u64,
                     gc_threshold: s.gc_threshold,
                     push: s.push,
+                    lock_bundle: s.lock_bundle,
                 };
                 let node = Node::new(cfg, VecMemory::new(npages, PAGE, access));
                 SimNode { node, prog, pc: 0, blocked: false, fast_twins: Vec::new(), exited: false }
@@ -317,14 +352,40 @@ impl Sim {
 
 fn run_seed(seed: u64) -> Vec<ProtocolStats> {
     let mut pick = Rng(seed ^ 0x5eed);
-    let shape = Shape {
-        n: 1 + pick.below(4) as usize,
-        words: WORDS_PER_PAGE * (1 + pick.below(4) as u32),
-        nlocks: 1 + pick.below(3) as u32,
-        phases: 1 + pick.below(6) as usize,
-        gc_threshold: [u64::MAX, 0, 300, 2000][pick.below(4) as usize],
-        push: pick.below(4) != 0,
-    };
+    run_shape(
+        seed,
+        Shape {
+            n: 1 + pick.below(4) as usize,
+            words: WORDS_PER_PAGE * (1 + pick.below(4) as u32),
+            nlocks: 1 + pick.below(3) as u32,
+            phases: 1 + pick.below(6) as usize,
+            gc_threshold: [u64::MAX, 0, 300, 2000][pick.below(4) as usize],
+            push: pick.below(4) != 0,
+            lock_bundle: [0, 1, 2, 8][pick.below(4) as usize],
+            walks: false,
+        },
+    )
+}
+
+fn run_walk_seed(seed: u64) -> Vec<ProtocolStats> {
+    let mut pick = Rng(seed ^ 0xa1c);
+    let nlocks = 4 + pick.below(29) as u32;
+    run_shape(
+        seed,
+        Shape {
+            n: 2 + pick.below(3) as usize,
+            words: nlocks * (1 + pick.below(3) as u32),
+            nlocks,
+            phases: 2 + pick.below(5) as usize,
+            gc_threshold: [u64::MAX, 300][pick.below(2) as usize],
+            push: pick.below(2) != 0,
+            lock_bundle: [1, 4, 8, 32][pick.below(4) as usize],
+            walks: true,
+        },
+    )
+}
+
+fn run_shape(seed: u64, shape: Shape) -> Vec<ProtocolStats> {
     let result = std::panic::catch_unwind(|| {
         let mut sim = Sim::new(seed, &shape);
         sim.run();
@@ -338,11 +399,12 @@ fn run_seed(seed: u64) -> Vec<ProtocolStats> {
                 .cloned()
                 .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()));
             panic!(
-                "simulation failed for seed {seed} ({} nodes, {} words, {} locks, {} phases): {}\nreplay: TMK_SIM_SEED={seed} cargo test -p treadmarks sim",
+                "simulation failed for seed {seed} ({} nodes, {} words, {} locks, {} phases, lock walks: {}): {}\nreplay: TMK_SIM_SEED={seed} cargo test -p treadmarks sim",
                 shape.n,
                 shape.words,
                 shape.nlocks,
                 shape.phases,
+                shape.walks,
                 msg.unwrap_or_default()
             )
         }
@@ -374,6 +436,9 @@ fn random_data_race_free_programs_read_sequentially_consistent_values() {
             totals.diffs_pushed += s.diffs_pushed;
             totals.pushes_used += s.pushes_used;
             totals.pushes_wasted += s.pushes_wasted;
+            totals.lock_tokens_bundled += s.lock_tokens_bundled;
+            totals.lock_tokens_received += s.lock_tokens_received;
+            totals.lock_forwards_returned += s.lock_forwards_returned;
         }
     }
     eprintln!("sim totals: {totals:?}");
@@ -390,7 +455,38 @@ fn random_data_race_free_programs_read_sequentially_consistent_values() {
         "{totals:?}"
     );
     assert!(
+        totals.lock_tokens_bundled > 300 && totals.lock_tokens_received == totals.lock_tokens_bundled,
+        "{totals:?}"
+    );
+    assert!(
         totals.collections > 500 && totals.pages_dropped > 100 && totals.page_requests_sent > 100,
         "{totals:?}"
     );
+}
+
+#[test]
+fn lock_walks_with_bundled_grants_read_sequentially_consistent_values() {
+    if let Some(seed) = std::env::var("TMK_SIM_SEED").ok().and_then(|s| s.parse().ok()) {
+        run_walk_seed(seed);
+        return;
+    }
+    let mut totals = ProtocolStats::default();
+    // `TMK_SIM_SEEDS=<n>` runs more seeds (the suite runs 1,000).
+    let seeds: u64 =
+        std::env::var("TMK_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).map_or(1000, |n: u64| n / 5);
+    for seed in 0..seeds {
+        for s in run_walk_seed(seed) {
+            totals.lock_acquires_local += s.lock_acquires_local;
+            totals.lock_acquires_remote += s.lock_acquires_remote;
+            totals.lock_tokens_bundled += s.lock_tokens_bundled;
+            totals.lock_tokens_received += s.lock_tokens_received;
+            totals.lock_forwards_returned += s.lock_forwards_returned;
+            totals.diffs_piggybacked += s.diffs_piggybacked;
+        }
+    }
+    eprintln!("lock walk totals: {totals:?}");
+    // The runs must move many tokens in bundles, and send stale forwards back to managers.
+    assert!(totals.lock_tokens_bundled > 20_000 && totals.lock_acquires_local > 20_000, "{totals:?}");
+    assert_eq!(totals.lock_tokens_received, totals.lock_tokens_bundled);
+    assert!(totals.lock_forwards_returned > 50 && totals.diffs_piggybacked > 1000, "{totals:?}");
 }

@@ -44,6 +44,11 @@ pub struct ProtocolStats {
     /// Lock acquires satisfied locally (token held) and remotely.
     pub lock_acquires_local: u64,
     pub lock_acquires_remote: u64,
+    /// Lock tokens passed along with grants unasked (bundled), and received so.
+    pub lock_tokens_bundled: u64,
+    pub lock_tokens_received: u64,
+    /// Forwards sent back to the manager after this node bundled it the token.
+    pub lock_forwards_returned: u64,
     /// Barriers passed.
     pub barriers: u64,
     /// Whole pages asked for (after a collection dropped our copy) and served.

@@ -1,0 +1,115 @@
+//! Which locks this node takes after which: the prediction behind bundled grants (`lock.rs`).
+//!
+//! A program that walks many locks in a pattern (SPLASH's Water takes one lock per molecule, in
+//! the same order every step) pays a round trip for every acquire whose token another node holds.
+//! The node remembers, for every lock it acquired, the next [`LockHistory::limit`] distinct locks
+//! it acquired after it. A request for a lock carries that list (its *wish*); the holder grants the
+//! lock and passes along the tokens of wished locks it holds and does not use, so the acquirer takes
+//! them without asking.
+//!
+//! # Invariants
+//! - `recent` holds this node's last `limit` acquires, oldest first (fewer at the start).
+//! - `follow[l]` lists distinct locks other than `l`, at most `limit` of them, in the order they
+//!   were first acquired after `l` the last time `l` was followed by `limit` acquires.
+//! - With `limit == 0` nothing is recorded and every wish is empty: bundling is off.
+
+use super::ids::LockId;
+use std::collections::{HashMap, VecDeque};
+
+/// A node's recent acquires and what followed each lock.
+#[derive(Debug, Default)]
+pub struct LockHistory {
+    limit: usize,
+    recent: VecDeque<LockId>,
+    follow: HashMap<LockId, Vec<LockId>>,
+}
+
+impl LockHistory {
+    /// A history that predicts up to `limit` locks after each; 0 turns prediction off.
+    pub fn new(limit: usize) -> Self {
+        LockHistory { limit, recent: VecDeque::with_capacity(limit + 1), follow: HashMap::new() }
+    }
+
+    /// Most locks one wish names, and most tokens one grant passes along.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// The application acquired `lock` (locally or not).
+    pub fn record(&mut self, lock: LockId) {
+        if self.limit == 0 {
+            return;
+        }
+        self.recent.push_back(lock);
+        if self.recent.len() <= self.limit {
+            return;
+        }
+        let anchor = self.recent.pop_front().expect("window holds limit + 1 locks");
+        let after = self.follow.entry(anchor).or_default();
+        after.clear();
+        for &l in &self.recent {
+            if l != anchor && !after.contains(&l) {
+                after.push(l);
+            }
+        }
+    }
+
+    /// The locks we expect to take after `lock`, as we did last time.
+    pub fn wish(&self, lock: LockId) -> Vec<LockId> {
+        self.follow.get(&lock).cloned().unwrap_or_default()
+    }
+
+    /// Whether we expect to take `lock` soon: it is the lock we took last, or one that followed
+    /// that lock last time. A granter keeps such a token rather than bundle it.
+    pub fn expects(&self, lock: LockId) -> bool {
+        self.recent
+            .back()
+            .is_some_and(|&last| last == lock || self.follow.get(&last).is_some_and(|f| f.contains(&lock)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(v: &[u32]) -> Vec<LockId> {
+        v.iter().copied().map(LockId).collect()
+    }
+
+    #[test]
+    fn a_lock_is_followed_by_the_distinct_locks_taken_after_it() {
+        let mut h = LockHistory::new(3);
+        for l in [1, 2, 2, 1, 5, 6] {
+            h.record(LockId(l));
+        }
+        // After 1: 2, 2, 1 -> [2] (itself and repeats left out); after the second 2: 1, 5, 6.
+        assert_eq!(h.wish(LockId(1)), ids(&[2]));
+        assert_eq!(h.wish(LockId(2)), ids(&[1, 5, 6]));
+        // 5 and 6 were not yet followed by three acquires.
+        assert!(h.wish(LockId(5)).is_empty());
+        // We took 6 last; nothing followed 6 yet.
+        assert!(h.expects(LockId(6)) && !h.expects(LockId(1)));
+        h.record(LockId(2));
+        // Now 2 is the last, and 1, 5 and 6 followed it last time.
+        assert!([2, 1, 5, 6].iter().all(|&l| h.expects(LockId(l))) && !h.expects(LockId(3)));
+    }
+
+    #[test]
+    fn the_last_pass_wins() {
+        let mut h = LockHistory::new(2);
+        for l in [1, 2, 3, 1, 7, 8] {
+            h.record(LockId(l));
+        }
+        assert_eq!(h.wish(LockId(1)), ids(&[7, 8]));
+    }
+
+    #[test]
+    fn limit_zero_predicts_nothing() {
+        let mut h = LockHistory::new(0);
+        for l in 0..10 {
+            h.record(LockId(l % 3));
+        }
+        assert!(h.wish(LockId(0)).is_empty());
+        assert!(!h.expects(LockId(0)));
+    }
+}
