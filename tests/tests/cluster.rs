@@ -33,6 +33,11 @@ fn a_lock_chain_passes_data_through_every_node_in_turn() {
 }
 
 #[test]
+fn a_lock_walk_takes_bundled_tokens_without_asking_or_handing_off() {
+    run("lock-walk", 2, 17).assert_pass("lock-walk");
+}
+
+#[test]
 fn pages_nobody_asks_for_produce_no_diff() {
     run("lazy", 2, 7).assert_pass("lazy");
 }

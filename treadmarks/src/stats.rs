@@ -35,6 +35,10 @@ pub struct Stats {
     /// Faults on valid pages that were only missing from the application view's page tables
     /// (userfaultfd backend), mapped in the signal handler.
     pub minor_maps: u64,
+    /// Lock operations the application thread ran on the node itself (releases, and acquires
+    /// whose token was here), and commands it handed to the service thread.
+    pub lock_ops_here: u64,
+    pub commands: u64,
     /// Sent and received, by message kind (indexed like [`MsgKind::ALL`]).
     pub sent_by_kind: Vec<Traffic>,
     pub received_by_kind: Vec<Traffic>,
@@ -91,7 +95,7 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let p = &self.protocol;
         let sent = self.sent();
-        let fields: [(&str, f64); 29] = [
+        let fields: [(&str, f64); 31] = [
             ("node", f64::from(self.node.0)),
             ("nprocs", f64::from(self.nprocs)),
             ("msgs_sent", sent.msgs as f64),
@@ -112,6 +116,8 @@ impl Stats {
             ("lock_acquires_remote", p.lock_acquires_remote as f64),
             ("lock_tokens_bundled", p.lock_tokens_bundled as f64),
             ("lock_tokens_received", p.lock_tokens_received as f64),
+            ("lock_ops_here", self.lock_ops_here as f64),
+            ("commands", self.commands as f64),
             ("barriers", p.barriers as f64),
             ("collections", p.collections as f64),
             ("lock_wait_ms", ms(self.lock_wait)),
@@ -174,6 +180,11 @@ impl fmt::Display for Stats {
             ms(self.barrier_wait),
             ms(self.miss_wait),
             ms(self.view_wait)
+        )?;
+        writeln!(
+            f,
+            "  application thread: {} lock operations run on the node itself, {} commands handed to the service thread",
+            self.lock_ops_here, self.commands
         )?;
         writeln!(
             f,

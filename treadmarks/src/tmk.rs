@@ -16,6 +16,7 @@ use crate::transport::{MeshConfig, connect_mesh};
 use bytemuck::Pod;
 use std::net::{SocketAddr, TcpListener};
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -150,9 +151,14 @@ impl Tmk {
                 command: Mutex::new(Default::default()),
                 reply: Mutex::new(None),
                 doorbell,
+                failed: AtomicBool::new(false),
+                lock_ops_here: AtomicU64::new(0),
+                commands: AtomicU64::new(0),
             });
-            let handle = service::spawn(node, heap.clone(), mailbox.clone(), mesh, service_rt, service_spin)?;
-            (Engine::Remote { mailbox, service: Some(handle) }, Some(faults))
+            let node = Arc::new(Mutex::new(node));
+            let handle =
+                service::spawn(node.clone(), heap.clone(), mailbox.clone(), mesh, service_rt, service_spin)?;
+            (Engine::Remote { mailbox, node, heap: heap.clone(), service: Some(handle) }, Some(faults))
         };
         Ok(Tmk {
             me,

@@ -310,7 +310,8 @@ impl Heap {
     }
 
     /// Calls `f` once for every page the signal handler twinned (and made writable) since the
-    /// last drain. Only the service thread may call it (panics if two threads drain at once).
+    /// last drain. One thread at a time may call it: the runtime drains while it holds the node
+    /// (`runtime::lock_node`); panics if two threads drain at once.
     pub fn drain_fast_twins(&self, f: impl FnMut(PageIdx)) {
         self.ring.drain(f);
     }

@@ -1,7 +1,9 @@
 //! [`TwinRing`]: the single-producer/single-consumer queue of pages twinned by the signal handler.
 //!
 //! Producer: the fault handler on the application thread ([`TwinRing::push`], lock-free, no
-//! allocation). Consumer: the service thread ([`TwinRing::drain`]).
+//! allocation). Consumer: whichever runtime thread holds the node at the time, the service thread
+//! or the application thread running a lock operation itself ([`TwinRing::drain`]; the node's
+//! mutex orders the drains).
 //!
 //! A per-page `queued` flag keeps every page in the ring at most once: `push` only enqueues a
 //! page whose flag it flipped from false to true, and `drain` clears the flag after removing the

@@ -106,6 +106,13 @@ impl<M: PageMemory> Node<M> {
         Ok(())
     }
 
+    /// Whether an acquire of `lock` would complete at once, with no message: its token is here,
+    /// nobody holds it, and the application waits for nothing else.
+    pub fn token_here(&self, lock: LockId) -> bool {
+        matches!(self.pending, Pending::None)
+            && self.locks.get(lock.idx()).is_some_and(|st| st.token && !st.held)
+    }
+
     /// The application acquires `lock`; completes with [`AppDone::Acquired`].
     pub fn request_acquire(&mut self, lock: LockId) -> Result<(), ProtocolError> {
         self.check_lock(lock)?;

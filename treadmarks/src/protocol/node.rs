@@ -217,6 +217,11 @@ impl<M: PageMemory> Node<M> {
         self.outbox.pop_front()
     }
 
+    /// Whether a message waits to be sent.
+    pub fn has_transmit(&self) -> bool {
+        !self.outbox.is_empty()
+    }
+
     /// A warning for the user (e.g. consistency data over the threshold with no barrier).
     pub fn poll_warning(&mut self) -> Option<String> {
         self.warnings.pop_front()

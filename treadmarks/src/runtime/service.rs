@@ -1,9 +1,12 @@
-//! The service thread: owns the [`Node`] of a multi-node job and drives it from three sources —
-//! frames from peers, commands from the application, faults from the signal handler — on a
-//! current-thread tokio runtime (one thread: the two cores are shared with the application).
+//! The service thread: drives the [`Node`] of a multi-node job from three sources — frames from
+//! peers, commands from the application, faults from the signal handler — on a current-thread
+//! tokio runtime (one thread: the two cores are shared with the application). The node sits
+//! behind a mutex it shares with the application thread, which runs the lock operations that need
+//! no message itself ([`super::Engine::call`]); everything else runs here.
 //!
-//! Before every protocol step it drains the twins the fault handler made on its own, so the node
-//! knows every writable page before it closes an interval or serves a diff.
+//! Whoever locks the node first drains the twins the fault handler made on its own
+//! ([`super::lock_node`]), so the node knows every writable page before it closes an interval or
+//! serves a diff.
 //!
 //! While the application waits for an answer (a command's reply, a fault's resolution), the
 //! thread may poll its sockets instead of sleeping in `epoll` (the spin budget, see
@@ -16,7 +19,7 @@
 //! (where no error can be returned) the node prints why and exits with status 1; if it computes
 //! without calling into the runtime, the node exits the same way after a grace period.
 
-use super::{Command, Mailbox, Reply, start};
+use super::{Command, Mailbox, Reply, SharedNode, lock_node, start};
 use crate::error::Error;
 use crate::mem::{FaultKind, Heap, HeapPages, register_service_fd};
 use crate::protocol::{AppDone, Message, Node, NodeId, decode_sharing};
@@ -24,6 +27,7 @@ use crate::stats::Stats;
 use crate::transport::{CloseCause, LinkEvent, Links, Mesh, codec};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
@@ -40,7 +44,8 @@ enum App {
 }
 
 struct Service {
-    node: Node<HeapPages>,
+    me: NodeId,
+    node: SharedNode,
     heap: Arc<Heap>,
     mailbox: Arc<Mailbox>,
     links: Links,
@@ -62,7 +67,7 @@ struct Service {
 /// Starts the service thread for `node` over `mesh` (real-time if `service_rt` and allowed);
 /// returns once its links are up.
 pub(crate) fn spawn(
-    node: Node<HeapPages>,
+    node: SharedNode,
     heap: Arc<Heap>,
     mailbox: Arc<Mailbox>,
     mesh: Mesh,
@@ -70,7 +75,11 @@ pub(crate) fn spawn(
     spin: Duration,
 ) -> crate::Result<std::thread::JoinHandle<()>> {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let name = format!("tmk-service-{}", node.id().0);
+    let (me, nprocs) = {
+        let n = node.lock().expect("node");
+        (n.id(), n.nprocs())
+    };
+    let name = format!("tmk-service-{}", me.0);
     let handle = std::thread::Builder::new()
         .name(name)
         .spawn(move || {
@@ -84,7 +93,6 @@ pub(crate) fn spawn(
             // A panic in here is a broken invariant (or an mprotect the kernel refused, which no
             // call can report); the application thread may be blocked waiting on this thread, so
             // end the process rather than leave it hanging.
-            let me = node.id();
             let served = std::panic::catch_unwind(AssertUnwindSafe(|| {
                 rt.block_on(async move {
                     let (tx, rx) = mpsc::unbounded_channel();
@@ -92,8 +100,8 @@ pub(crate) fn spawn(
                         Ok(links) => links,
                         Err(e) => return drop(ready_tx.send(Err(e.into()))),
                     };
-                    let (me, nprocs) = (node.id(), node.nprocs());
                     let svc = Service {
+                        me,
                         node,
                         heap,
                         mailbox,
@@ -147,7 +155,7 @@ impl Service {
                 }
                 _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
                     let why = self.failed.clone().unwrap_or_default();
-                    crate::report(&format!("treadmarks: {}: exiting: {why}", self.node.id()));
+                    crate::report(&format!("treadmarks: {}: exiting: {why}", self.me));
                     std::process::exit(1);
                 }
                 // Gives the runtime a turn, in which it polls the sockets without sleeping.
@@ -213,9 +221,9 @@ impl Service {
         self.spin_until = None;
     }
 
-    fn drain_twins(&mut self) {
-        let node = &mut self.node;
-        self.heap.drain_fast_twins(|p| node.handle_twin_made(p));
+    /// The node, locked, and told of the fast path's twins (hold it for one step only).
+    fn node(&self) -> std::sync::MutexGuard<'_, Node<HeapPages>> {
+        lock_node(&self.heap, &self.node)
     }
 
     fn on_link(&mut self, ev: LinkEvent) {
@@ -233,8 +241,8 @@ impl Service {
                     Err(e) => return self.fail(format!("malformed message from {from}: {e}")),
                 };
                 self.stats.count_received(from, msg.kind(), len + 4);
-                self.drain_twins();
-                if let Err(e) = self.node.handle_message(from, msg) {
+                let handled = self.node().handle_message(from, msg);
+                if let Err(e) = handled {
                     self.fail(format!("protocol error on a message from {from}: {e}"));
                 }
             }
@@ -268,10 +276,10 @@ impl Service {
         if let Some((page, kind)) = self.mailbox.doorbell.take_fault() {
             self.app_waits(App::InFault(Instant::now()));
             if let Some(why) = &self.failed {
-                fault_exit(self.node.id(), why);
+                fault_exit(self.me, why);
             }
-            self.drain_twins();
-            if let Err(e) = self.node.handle_fault(page, kind == FaultKind::Write) {
+            let handled = self.node().handle_fault(page, kind == FaultKind::Write);
+            if let Err(e) = handled {
                 self.fail(format!("page fault on {page}: {e}"));
             }
         }
@@ -279,12 +287,10 @@ impl Service {
 
     fn on_command(&mut self, cmd: Command) {
         if let Command::Release(lock) = cmd {
-            // Posted without waiting: the application checked what it could (a lock it holds,
-            // in range); anything else is a broken job, reported at its next call.
-            self.drain_twins();
-            if self.failed.is_none()
-                && let Err(e) = self.node.request_release(lock)
-            {
+            // Posted without waiting (only once the job failed; the application releases on its
+            // own thread otherwise): anything wrong is reported at its next call.
+            let released = if self.failed.is_none() { self.node().request_release(lock) } else { Ok(()) };
+            if let Err(e) = released {
                 self.fail(format!("release of {lock}: {e}"));
             }
             return;
@@ -304,8 +310,8 @@ impl Service {
             }
             cmd => {
                 self.exiting |= matches!(cmd, Command::Exit);
-                self.drain_twins();
-                match start(&mut self.node, cmd) {
+                let started = start(&mut self.node(), cmd);
+                match started {
                     Ok(Some(r)) => self.reply(Ok(r)),
                     Ok(None) => {}
                     Err(e) => self.reply(Err(e.into())),
@@ -316,19 +322,25 @@ impl Service {
 
     fn snapshot(&self) -> Stats {
         let mut s = self.stats.clone();
-        s.protocol = self.node.stats().clone();
-        s.consistency_bytes = self.node.consistency_bytes();
+        let node = self.node();
+        s.protocol = node.stats().clone();
+        s.consistency_bytes = node.consistency_bytes();
+        drop(node);
         let c = self.heap.counters();
         s.fast_write_faults = c.fast_write_faults;
         s.fault_handoffs = c.handoffs;
         s.minor_maps = c.minor_maps;
+        s.lock_ops_here = self.mailbox.lock_ops_here.load(Ordering::Relaxed);
+        s.commands = self.mailbox.commands.load(Ordering::Relaxed);
         s
     }
 
     /// Sends what the node wants sent and hands completions to the application; returns true if
     /// it queued a frame.
     fn pump(&mut self) -> bool {
-        match (self.gc_started, self.node.collecting()) {
+        let shared = Arc::clone(&self.node);
+        let mut node = lock_node(&self.heap, &shared);
+        match (self.gc_started, node.collecting()) {
             (None, true) => self.gc_started = Some(Instant::now()),
             (Some(t), false) => {
                 self.stats.gc_time += t.elapsed();
@@ -336,11 +348,11 @@ impl Service {
             }
             _ => {}
         }
-        while let Some(w) = self.node.poll_warning() {
-            crate::report(&format!("treadmarks: {}: warning: {w}", self.node.id()));
+        while let Some(w) = node.poll_warning() {
+            crate::report(&format!("treadmarks: {}: warning: {w}", self.me));
         }
         let mut sent_any = false;
-        while let Some((to, msg)) = self.node.poll_transmit() {
+        while let Some((to, msg)) = node.poll_transmit() {
             sent_any = true;
             let mut frame = self.links.buffer();
             let sent = codec::encode_frame(&msg, &mut frame).map_err(|e| e.to_string()).and_then(|n| {
@@ -351,7 +363,7 @@ impl Service {
                 self.fail(format!("cannot send {:?} to {to}: {e}", msg.kind()));
             }
         }
-        while let Some(done) = self.node.poll_done() {
+        while let Some(done) = node.poll_done() {
             match done {
                 AppDone::FaultResolved(_) => {
                     if let App::InFault(t) = self.app {
@@ -380,7 +392,8 @@ impl Service {
         if self.failed.is_some() {
             return;
         }
-        crate::report(&format!("treadmarks: {}: job failed: {why}", self.node.id()));
+        crate::report(&format!("treadmarks: {}: job failed: {why}", self.me));
+        self.mailbox.failed.store(true, Ordering::Release);
         // Tell every peer why, so nodes that only see this node go away name the real cause.
         for n in 0..self.open.len() {
             if self.open[n] {
@@ -392,7 +405,7 @@ impl Service {
             }
         }
         match self.app {
-            App::InFault(_) => fault_exit(self.node.id(), &why),
+            App::InFault(_) => fault_exit(self.me, &why),
             App::InCommand => self.reply(Err(Error::Failed(why.clone()))),
             App::Running => {}
         }
