@@ -99,7 +99,8 @@ impl Tmk {
             heap_size: config.heap_size as u64,
             gc_threshold: config.gc_threshold,
             push: config.push,
-            lock_bundle: config.lock_bundle,
+            // Alone, a node has every token: nothing to predict.
+            lock_bundle: if n > 1 { config.lock_bundle } else { 0 },
         };
         let node = Node::new(node_cfg, HeapPages(heap.clone()));
         let mut children = None;
