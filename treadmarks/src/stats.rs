@@ -35,9 +35,11 @@ pub struct Stats {
     /// Faults on valid pages that were only missing from the application view's page tables
     /// (userfaultfd backend), mapped in the signal handler.
     pub minor_maps: u64,
-    /// Lock operations the application thread ran on the node itself (releases, and acquires
-    /// whose token was here), and commands it handed to the service thread.
+    /// Lock operations (releases, acquires whose token was here) and view validations (diffs all
+    /// pushed, or twins ahead only) the application thread ran on the node itself, and commands
+    /// it handed to the service thread.
     pub lock_ops_here: u64,
+    pub validations_here: u64,
     pub commands: u64,
     /// Sent and received, by message kind (indexed like [`MsgKind::ALL`]).
     pub sent_by_kind: Vec<Traffic>,
@@ -95,7 +97,7 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let p = &self.protocol;
         let sent = self.sent();
-        let fields: [(&str, f64); 31] = [
+        let fields: [(&str, f64); 32] = [
             ("node", f64::from(self.node.0)),
             ("nprocs", f64::from(self.nprocs)),
             ("msgs_sent", sent.msgs as f64),
@@ -117,6 +119,7 @@ impl Stats {
             ("lock_tokens_bundled", p.lock_tokens_bundled as f64),
             ("lock_tokens_received", p.lock_tokens_received as f64),
             ("lock_ops_here", self.lock_ops_here as f64),
+            ("validations_here", self.validations_here as f64),
             ("commands", self.commands as f64),
             ("barriers", p.barriers as f64),
             ("collections", p.collections as f64),
@@ -183,8 +186,8 @@ impl fmt::Display for Stats {
         )?;
         writeln!(
             f,
-            "  application thread: {} lock operations run on the node itself, {} commands handed to the service thread",
-            self.lock_ops_here, self.commands
+            "  application thread: {} lock operations and {} validations run on the node itself, {} commands handed to the service thread",
+            self.lock_ops_here, self.validations_here, self.commands
         )?;
         writeln!(
             f,

@@ -154,6 +154,7 @@ impl Tmk {
                 doorbell,
                 failed: AtomicBool::new(false),
                 lock_ops_here: AtomicU64::new(0),
+                validations_here: AtomicU64::new(0),
                 commands: AtomicU64::new(0),
             });
             let node = Arc::new(Mutex::new(node));

@@ -284,6 +284,27 @@ impl<M: PageMemory> Node<M> {
         self.deliver_local()
     }
 
+    /// Whether [`Node::request_validate`] of `pages` would complete at once, with no message:
+    /// every invalid page waits for no whole copy, and each of its writers with unapplied
+    /// notices pushed us exactly the diffs a request would bring (`push.rs`).
+    pub fn validates_locally(&self, pages: &[PageIdx]) -> bool {
+        let npages = self.mem.npages();
+        matches!(self.pending, Pending::None)
+            && pages.iter().all(|&p| {
+                if p.0 >= npages || self.misses.contains_key(&p) {
+                    return false;
+                }
+                if self.mem.access(p) != Access::None {
+                    return true;
+                }
+                let meta = &self.pages[p.idx()];
+                meta.base_from.is_none()
+                    && (meta.writers.iter().enumerate())
+                        .filter(|(_, st)| st.noticed > st.applied)
+                        .all(|(w, &st)| self.pushed_usable(p, NodeId(w as u16), st))
+            })
+    }
+
     /// Twins every valid read-only page of `pages` (ascending) and makes them writable, in runs.
     fn twin_ahead(&mut self, pages: &[PageIdx]) {
         let open = self.open_interval();

@@ -353,6 +353,7 @@ fn a_page_read_last_epoch_has_its_next_diffs_pushed_until_it_goes_unread() {
     net.write(0, 1, 0, 1);
     net.barrier();
     // Node 1 misses on page 1 and asks node 0, which makes node 1 a subscriber of the page.
+    assert!(!net.nodes[1].validates_locally(&[PageIdx(1)]), "a view of page 1 needs a request");
     let t = net.log.len();
     assert_eq!(net.read(1, 1, 0), 1);
     assert_eq!(net.count(t, 1, 0, DiffRequest), 1);
@@ -363,6 +364,9 @@ fn a_page_read_last_epoch_has_its_next_diffs_pushed_until_it_goes_unread() {
     net.barrier();
     assert_eq!(net.count(t, 0, 1, DiffPush), 1);
     assert_eq!(net.nodes[1].mem().access(PageIdx(1)), Access::None, "pushed diffs wait for a miss");
+    // A view of it (and of a valid page) completes from the push: the runtime runs it on the
+    // application thread.
+    assert!(net.nodes[1].validates_locally(&[PageIdx(0), PageIdx(1)]));
     // ...and the miss it would have cost is answered at home.
     let t = net.log.len();
     assert_eq!(net.read(1, 1, 0), 2);
@@ -382,6 +386,7 @@ fn a_page_read_last_epoch_has_its_next_diffs_pushed_until_it_goes_unread() {
     net.barrier();
     assert_eq!(net.count(t, 0, 1, DiffPush), 0, "unsubscribed");
     assert_eq!(net.nodes[1].stats().pushes_wasted, 2);
+    assert!(!net.nodes[1].validates_locally(&[PageIdx(1)]));
     // Reading again fetches as usual (and subscribes again).
     let t = net.log.len();
     assert_eq!(net.read(1, 1, 0), 5);

@@ -168,6 +168,8 @@ struct Sim {
     oracle: Vec<u32>,
     n: usize,
     seed: u64,
+    /// Validations that completed without a message, as `Node::validates_locally` predicted.
+    local_validations: u64,
 }
 
 fn locate(w: u32) -> (PageIdx, usize) {
@@ -205,6 +207,7 @@ impl Sim {
             oracle: vec![0; s.words as usize],
             n: s.n,
             seed,
+            local_validations: 0,
         }
     }
 
@@ -300,7 +303,15 @@ impl Sim {
                 sn.blocked = true;
                 let pages: Vec<PageIdx> = (first..first + count).map(PageIdx).collect();
                 let write = self.rng.chance(50);
+                // The runtime runs a validation on the application thread when the node says it
+                // needs no message: it must then complete at once.
+                let local = sn.node.validates_locally(&pages);
                 self.core(i, |n| n.request_validate(&pages, write));
+                assert!(
+                    !local || !self.nodes[i].blocked,
+                    "seed {seed}: node {i}: validation of {pages:?} said local but did not complete at once"
+                );
+                self.local_validations += u64::from(local);
             }
         }
     }
@@ -350,7 +361,7 @@ impl Sim {
     }
 }
 
-fn run_seed(seed: u64) -> Vec<ProtocolStats> {
+fn run_seed(seed: u64) -> (Vec<ProtocolStats>, u64) {
     let mut pick = Rng(seed ^ 0x5eed);
     run_shape(
         seed,
@@ -367,7 +378,7 @@ fn run_seed(seed: u64) -> Vec<ProtocolStats> {
     )
 }
 
-fn run_walk_seed(seed: u64) -> Vec<ProtocolStats> {
+fn run_walk_seed(seed: u64) -> (Vec<ProtocolStats>, u64) {
     let mut pick = Rng(seed ^ 0xa1c);
     let nlocks = 4 + pick.below(29) as u32;
     run_shape(
@@ -385,11 +396,12 @@ fn run_walk_seed(seed: u64) -> Vec<ProtocolStats> {
     )
 }
 
-fn run_shape(seed: u64, shape: Shape) -> Vec<ProtocolStats> {
+/// Runs one simulation; returns every node's counters and the validations that needed no message.
+fn run_shape(seed: u64, shape: Shape) -> (Vec<ProtocolStats>, u64) {
     let result = std::panic::catch_unwind(|| {
         let mut sim = Sim::new(seed, &shape);
         sim.run();
-        sim.nodes.iter().map(|sn| sn.node.stats().clone()).collect::<Vec<_>>()
+        (sim.nodes.iter().map(|sn| sn.node.stats().clone()).collect::<Vec<_>>(), sim.local_validations)
     });
     match result {
         Ok(stats) => stats,
@@ -418,10 +430,13 @@ fn random_data_race_free_programs_read_sequentially_consistent_values() {
         return;
     }
     let mut totals = ProtocolStats::default();
+    let mut local_validations = 0;
     // `TMK_SIM_SEEDS=<n>` runs more seeds (the suite runs 5,000).
     let seeds: u64 = std::env::var("TMK_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(5000);
     for seed in 0..seeds {
-        for s in run_seed(seed) {
+        let (stats, local) = run_seed(seed);
+        local_validations += local;
+        for s in stats {
             totals.diffs_applied += s.diffs_applied;
             totals.fast_twins += s.fast_twins;
             totals.twins += s.twins;
@@ -441,7 +456,8 @@ fn random_data_race_free_programs_read_sequentially_consistent_values() {
             totals.lock_forwards_returned += s.lock_forwards_returned;
         }
     }
-    eprintln!("sim totals: {totals:?}");
+    eprintln!("sim totals: {totals:?}, validations needing no message: {local_validations}");
+    assert!(local_validations > 1000, "{local_validations} validations needed no message");
     // The runs must actually exercise the protocol, or the oracle proves nothing.
     assert!(totals.diffs_applied > 1000, "{totals:?}");
     assert!(totals.fast_twins > 1000 && totals.twins > 1000, "{totals:?}");
@@ -475,7 +491,7 @@ fn lock_walks_with_bundled_grants_read_sequentially_consistent_values() {
     let seeds: u64 =
         std::env::var("TMK_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).map_or(1000, |n: u64| n / 5);
     for seed in 0..seeds {
-        for s in run_walk_seed(seed) {
+        for s in run_walk_seed(seed).0 {
             totals.lock_acquires_local += s.lock_acquires_local;
             totals.lock_acquires_remote += s.lock_acquires_remote;
             totals.lock_tokens_bundled += s.lock_tokens_bundled;

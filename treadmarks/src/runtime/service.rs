@@ -331,6 +331,7 @@ impl Service {
         s.fault_handoffs = c.handoffs;
         s.minor_maps = c.minor_maps;
         s.lock_ops_here = self.mailbox.lock_ops_here.load(Ordering::Relaxed);
+        s.validations_here = self.mailbox.validations_here.load(Ordering::Relaxed);
         s.commands = self.mailbox.commands.load(Ordering::Relaxed);
         s
     }
