@@ -279,8 +279,9 @@ impl Tmk {
         Ok(())
     }
 
-    /// Releases lock `id` (TreadMarks' `Tmk_lock_release`). Returns at once: the runtime ends
-    /// the interval and passes the lock on while the application goes on.
+    /// Releases lock `id` (TreadMarks' `Tmk_lock_release`). Returns at once: the interval ends
+    /// here, and a node waiting for the lock gets it from the service thread while the
+    /// application goes on.
     pub fn lock_release(&mut self, id: u32) -> Result<()> {
         let Some(i) = self.held.iter().position(|&l| l == id) else {
             let lock = LockId(id);
