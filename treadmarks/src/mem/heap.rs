@@ -83,7 +83,7 @@ pub struct Heap {
     uffd: Option<Uffd>,
     /// Pages known to exist in the memfd: populated before they were first twinned ahead, or
     /// (userfaultfd backend) allocated by `fallocate` before their first invalidation. Pages
-    /// are never freed, so this only grows. Written only by the service thread.
+    /// are never freed, so this only grows. Written only by the holder of the node.
     allocated: Box<[AtomicBool]>,
     /// Userfaultfd backend: pages the application view maps, as far as we know: set when a
     /// `UFFDIO_CONTINUE` maps a page (service thread or fault handler), cleared when an

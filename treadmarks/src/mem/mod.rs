@@ -35,7 +35,7 @@
 //!                 └────────┴────────┴────────┴─────┴──────────┘
 //!
 //!   states: [AtomicU8; n]   INVALID | READ_ONLY | READ_WRITE | BUSY   (see below)
-//!   ring:   SPSC [u32; n]   pages twinned by the handler, drained by the service thread
+//!   ring:   SPSC [u32; n]   pages twinned by the handler, drained by whoever holds the node
 //! ```
 //!
 //! # Fault backends
@@ -80,7 +80,8 @@
 //! the owner of its `BUSY` state. Owners of `BUSY`:
 //! - the signal handler on the application thread: `READ_ONLY → BUSY → READ_WRITE` (fast path);
 //!   on userfaultfd also `s → BUSY → s` to map a valid page whose PTE is missing;
-//! - `HeapPages::set_access` on the service thread: any stable state `→ BUSY →` the new one,
+//! - `HeapPages::set_access` on the thread that holds the node (the service thread, or the
+//!   application thread running an operation that needs no message): any stable state `→ BUSY →` the new one,
 //!   with one `mprotect` for the whole run in between (userfaultfd: one operation per sub-run
 //!   of equal old state);
 //! - `HeapPages::make_twin`: `s → BUSY → s` around the copy, so the handler cannot twin the
@@ -103,8 +104,8 @@
 //!   (it could otherwise deadlock or break the page-sharing rule).
 //! - **Fast path**: a write to a `READ_ONLY` page is resolved in the handler: copy the page
 //!   (runtime view) to its twin, make it writable (`mprotect`, or `UFFDIO_WRITEPROTECT` clearing
-//!   WP), mark it `READ_WRITE`, push it onto the ring ([`Heap::drain_fast_twins`]). No wake-up: the service thread drains the ring before each
-//!   protocol step.
+//!   WP), mark it `READ_WRITE`, push it onto the ring ([`Heap::drain_fast_twins`]). No wake-up: whoever takes the node next
+//!   drains the ring before its protocol step.
 //! - **Slow path**: an access to an `INVALID` page (or a write to a `FROZEN` one) stores
 //!   `(page, kind)` in the [`Doorbell`] slot, rings the service eventfd, polls for the
 //!   resolution for a while ([`Doorbell::set_spin`]) and then blocks on the app eventfd until the
@@ -139,9 +140,9 @@
 //! - The service thread must tolerate a slow-path fault for a page that is valid by the time it
 //!   looks (just call `fault_resolved`), and must always wake the application thread eventually: it
 //!   is blocked inside a signal handler.
-//! - An `mprotect` (or userfaultfd) failure in `set_access` panics (the trait cannot return it); the runtime should
-//!   turn a panic of the service thread into a process exit, or the application thread stays
-//!   blocked.
+//! - An `mprotect` (or userfaultfd) failure in `set_access` panics (the trait cannot return it); the runtime
+//!   turns such a panic, on the service thread or on the application thread running an
+//!   operation itself, into a process exit, or the application thread could stay blocked.
 
 mod backend;
 pub mod bytes;

@@ -1,5 +1,6 @@
 //! [`HeapPages`]: the protocol core's [`PageMemory`] over the real heap, used only by the
-//! runtime's service thread.
+//! runtime's node, through its mutex (the service thread, or the application thread running an
+//! operation that needs no message: never while it touches the application view).
 //!
 //! Bytes are read and written through the runtime view, twins through the twin area; the
 //! application view only ever has its protection changed (`mprotect`, or `MADV_DONTNEED`,
@@ -15,8 +16,8 @@ use super::state;
 use crate::protocol::ids::PageIdx;
 use crate::protocol::memory::{Access, PageMemory};
 
-/// [`PageMemory`] over a real [`Heap`]. Create exactly one per heap, owned by the service thread:
-/// two of them could hand out aliasing `&mut` slices of one page.
+/// [`PageMemory`] over a real [`Heap`]. Create exactly one per heap, owned by the node: two of
+/// them could hand out aliasing `&mut` slices of one page.
 #[derive(Debug)]
 pub struct HeapPages(pub Arc<Heap>);
 
@@ -111,8 +112,8 @@ impl PageMemory for HeapPages {
              access before reading it (page-sharing rule, bug in the caller)"
         );
         // The page is not writable in the application view, so the application thread cannot
-        // store to it without faulting first; the service thread (the only `HeapPages` user)
-        // writes it only through `page_mut`, which needs `&mut self`. (A write fault on a
+        // store to it without faulting first; the runtime (the node's one `HeapPages`, behind
+        // its mutex) writes it only through `page_mut`, which needs `&mut self`. (A write fault on a
         // read-only page is resolved in the handler, though: see the module docs, "hazards".)
         // SAFETY: one page of the runtime view, live while `self.0` is, not written meanwhile.
         unsafe { std::slice::from_raw_parts(self.0.runtime_page(i), self.0.page_size()) }

@@ -58,11 +58,11 @@ impl TwinRing {
     }
 
     /// Pops every page queued when the drain starts, calling `f` on each. Panics if two threads
-    /// drain at once (a bug in the caller: there is one service thread).
+    /// drain at once (a bug in the caller: the runtime drains only while it holds the node).
     pub(super) fn drain(&self, mut f: impl FnMut(PageIdx)) {
         assert!(
             !self.draining.swap(true, Ordering::Acquire),
-            "Heap::drain_fast_twins called from two threads at once (only the service thread may drain)"
+            "Heap::drain_fast_twins called from two threads at once (drain only while holding the node)"
         );
         struct Done<'a>(&'a AtomicBool);
         impl Drop for Done<'_> {

@@ -12,7 +12,8 @@
 //! - `next`: the request forwarded to us to be served after us; we grant to it at our release, or
 //!   at once if we have the token and do not hold the lock.
 //! - `tail` (manager only): the node the manager forwards the next request to, and which of its
-//!   requests made it the last requester (`None`: a bundled grant gave it the token). The chain
+//!   requests made it the last requester (`None`: no request did: the manager itself, at the
+//!   start or after a bundled token came back, or a node a bundled grant gave the token). The chain
 //!   of forwards gives every requester at most one successor, so `next` is a single slot.
 //!
 //! # Bundled tokens, and why the chain stays sound
@@ -24,8 +25,9 @@
 //!    flight, the chain is exact); or
 //! 2. `to` is `b`'s manager: on receipt it sets the tail to itself if the tail was still us.
 //!    Otherwise a request reached the manager after we became its tail, and its forward is on
-//!    its way to us; we send it back to the manager, which still holds the token when it comes
-//!    (it cannot pass on a token while its tail is another node), in order behind the grant.
+//!    its way to us; we send it back to the manager, in order behind the grant, and the manager
+//!    still holds the token when it comes: while its tail is another node it cannot bundle the
+//!    token (case 1), and no forward but this one reaches it.
 //!
 //! A forward is queued (`next`) only by the token's holder, or by a node waiting for the lock when
 //! the forward's `tail` is its current request, i.e. the manager ordered the requester after it.
@@ -121,7 +123,8 @@ impl<M: PageMemory> Node<M> {
         if self.locks[lock.idx()].held {
             return Err(ProtocolError::AlreadyHeld { lock });
         }
-        let wish = self.lock_history.wish(lock);
+        let st = &self.locks[lock.idx()];
+        let wish = if st.token { Vec::new() } else { self.lock_history.wish(lock) };
         self.lock_history.record(lock);
         let st = &mut self.locks[lock.idx()];
         if st.token {

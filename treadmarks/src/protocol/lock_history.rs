@@ -2,8 +2,8 @@
 //!
 //! A program that walks many locks in a pattern (SPLASH's Water takes one lock per molecule, in
 //! the same order every step) pays a round trip for every acquire whose token another node holds.
-//! The node remembers, for every lock it acquired, the next [`LockHistory::limit`] distinct locks
-//! it acquired after it. A request for a lock carries that list (its *wish*); the holder grants the
+//! The node remembers, for every lock it acquired, the [`LockHistory::limit`] locks it acquired
+//! after it (repeats kept; the granter skips them). A request for a lock carries that list (its *wish*); the holder grants the
 //! lock and passes along the tokens of wished locks it holds and does not use, so the acquirer takes
 //! them without asking.
 //!

@@ -142,7 +142,7 @@ pub(crate) fn spin_budget() -> std::time::Duration {
 pub(crate) enum Engine {
     /// One-node job: on the application thread.
     Local { node: Box<Node<HeapPages>>, stats: Box<Stats> },
-    /// On the service thread, but for the lock operations that need no message.
+    /// On the service thread, but for the lock operations and validations that need no message.
     Remote { mailbox: Arc<Mailbox>, node: SharedNode, heap: Arc<Heap>, service: Option<JoinHandle<()>> },
 }
 
@@ -174,6 +174,36 @@ impl Engine {
         }
     }
 
+    /// Runs `op` on the node on the application thread (an operation that needs no message),
+    /// then rings the service thread if `op` queued a message (a grant, say). A panic in there (a
+    /// broken invariant, or a protection change the kernel refused) ends the process, as one on
+    /// the service thread does: unwinding would leave the node's lock poisoned under a job that
+    /// the other nodes would wait on.
+    fn on_app_thread<T>(
+        mailbox: &Mailbox,
+        node: &Mutex<Node<HeapPages>>,
+        heap: &Heap,
+        op: impl FnOnce(&mut Node<HeapPages>) -> T,
+    ) -> T {
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut node = lock_node(heap, node);
+            let out = op(&mut node);
+            (out, node.has_transmit())
+        }));
+        match ran {
+            Ok((out, queued)) => {
+                if queued {
+                    mailbox.doorbell.ring_service();
+                }
+                out
+            }
+            Err(_) => {
+                crate::report("treadmarks: internal error in the runtime on the application thread; exiting");
+                std::process::exit(101)
+            }
+        }
+    }
+
     /// Runs a release, or an acquire whose token this node holds, on the application thread;
     /// `None` for anything else (a command for the service thread).
     fn lock_here(
@@ -182,35 +212,32 @@ impl Engine {
         heap: &Heap,
         cmd: &Command,
     ) -> Result<Option<Reply>> {
+        let (lock, release) = match *cmd {
+            Command::Acquire(l) => (l, false),
+            Command::Release(l) => (l, true),
+            _ => return Ok(None),
+        };
         if mailbox.failed.load(Ordering::Acquire) {
             return Ok(None);
         }
-        let mut node = match *cmd {
-            Command::Acquire(_) | Command::Release(_) => lock_node(heap, node),
-            _ => return Ok(None),
-        };
-        match *cmd {
-            Command::Acquire(lock) if node.token_here(lock) => {
-                node.request_acquire(lock)?;
-                let done = node.poll_done();
-                debug_assert_eq!(
-                    done,
-                    Some(AppDone::Acquired(lock)),
-                    "an acquire with the token here completes at once"
-                );
-                Ok(done.map(Reply::Done))
-            }
-            Command::Release(lock) => {
-                node.request_release(lock)?;
+        Self::on_app_thread(mailbox, node, heap, |node| {
+            if release {
                 // A waiting acquirer gets its grant from the service thread, which sends it.
-                if node.has_transmit() {
-                    drop(node);
-                    mailbox.doorbell.ring_service();
-                }
-                Ok(Some(Reply::Released))
+                node.request_release(lock)?;
+                return Ok(Some(Reply::Released));
             }
-            _ => Ok(None),
-        }
+            if !node.token_here(lock) {
+                return Ok(None);
+            }
+            node.request_acquire(lock)?;
+            let done = node.poll_done();
+            assert_eq!(
+                done,
+                Some(AppDone::Acquired(lock)),
+                "an acquire with the token here completes at once"
+            );
+            Ok(done.map(Reply::Done))
+        })
     }
 
     /// Brings `pages` up to date before a view of them is used. Needs no `&mut`: the
@@ -221,28 +248,35 @@ impl Engine {
             Engine::Local { .. } => Ok(()),
             Engine::Remote { mailbox, node, heap, .. } => {
                 if !mailbox.failed.load(Ordering::Acquire) {
-                    let mut node = lock_node(heap, node);
-                    if node.validates_locally(&pages) {
-                        node.request_validate(&pages, write)?;
-                        let done = node.poll_done();
-                        debug_assert_eq!(
-                            done,
-                            Some(AppDone::Validated),
-                            "a local validation completes at once"
-                        );
-                        if node.has_transmit() {
-                            drop(node);
-                            mailbox.doorbell.ring_service();
+                    // Some(completed at once) if the node said it needs no message.
+                    let here = Self::on_app_thread(mailbox, node, heap, |node| -> Result<Option<bool>> {
+                        if !node.validates_locally(&pages) {
+                            return Ok(None);
                         }
-                        mailbox.validations_here.fetch_add(1, Ordering::Relaxed);
-                        return Ok(());
+                        node.request_validate(&pages, write)?;
+                        Ok(Some(node.poll_done() == Some(AppDone::Validated)))
+                    })?;
+                    match here {
+                        Some(true) => {
+                            mailbox.validations_here.fetch_add(1, Ordering::Relaxed);
+                            return Ok(());
+                        }
+                        // Said local but asked a peer after all (the simulation checks it never
+                        // does): the service thread sends the request and answers, as for a
+                        // command.
+                        Some(false) => return Self::validated(Self::wait_reply(mailbox)?),
+                        None => {}
                     }
                 }
-                match Self::call_remote(mailbox, Command::Validate { pages, write })? {
-                    Reply::Done(AppDone::Validated) => Ok(()),
-                    other => unreachable!("validate answered with {other:?}"),
-                }
+                Self::validated(Self::call_remote(mailbox, Command::Validate { pages, write })?)
             }
+        }
+    }
+
+    fn validated(reply: Reply) -> Result<()> {
+        match reply {
+            Reply::Done(AppDone::Validated) => Ok(()),
+            other => unreachable!("validate answered with {other:?}"),
         }
     }
 
@@ -254,6 +288,11 @@ impl Engine {
         if posted_only {
             return Ok(Reply::Released);
         }
+        Self::wait_reply(mailbox)
+    }
+
+    /// Waits for the service thread's answer to the pending command.
+    fn wait_reply(mailbox: &Mailbox) -> Result<Reply> {
         // Poll a little before sleeping: waking a sleeping thread costs tens of microseconds on
         // some machines, more than a short reply takes. Yielding lets anything else runnable on
         // this CPU (the service thread, a peer's) go first.
