@@ -61,7 +61,8 @@ pub struct LockAsk {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tail {
     pub node: NodeId,
-    /// The node's request that made it the tail; `None` when a bundled grant did.
+    /// The node's request that made it the tail; `None` when none did (the manager itself, or a
+    /// node a bundled grant gave the token).
     pub request: Option<u32>,
 }
 
@@ -123,8 +124,8 @@ impl<M: PageMemory> Node<M> {
         if self.locks[lock.idx()].held {
             return Err(ProtocolError::AlreadyHeld { lock });
         }
-        let st = &self.locks[lock.idx()];
-        let wish = if st.token { Vec::new() } else { self.lock_history.wish(lock) };
+        let here = self.locks[lock.idx()].token;
+        let wish = if here { Vec::new() } else { self.lock_history.wish(lock) };
         self.lock_history.record(lock);
         let st = &mut self.locks[lock.idx()];
         if st.token {
@@ -319,10 +320,13 @@ impl<M: PageMemory> Node<M> {
         if !matches!(self.pending, Pending::Acquire(l) if l == lock) || !self.locks[lock.idx()].requested {
             return Err(ProtocolError::Unexpected { from, what: format!("grant of {lock}") });
         }
-        for (i, &b) in bundled.iter().enumerate() {
+        let mut distinct = bundled.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        for &b in &bundled {
             let st = &self.locks[b.idx()];
             let manager = self.manager_of(b);
-            let ours = st.token || st.held || st.requested || b == lock || bundled[..i].contains(&b);
+            let ours = st.token || st.held || st.requested || b == lock || distinct.len() < bundled.len();
             if ours || (manager != from && manager != self.me) {
                 return Err(ProtocolError::Unexpected { from, what: format!("{b} bundled with {lock}") });
             }
