@@ -508,24 +508,8 @@ fn random_data_race_free_programs_read_sequentially_consistent_values() {
     for seed in 0..seeds {
         let (stats, local) = run_seed(seed);
         local_validations += local;
-        for s in stats {
-            totals.diffs_applied += s.diffs_applied;
-            totals.fast_twins += s.fast_twins;
-            totals.twins += s.twins;
-            totals.lock_acquires_remote += s.lock_acquires_remote;
-            totals.invalidations += s.invalidations;
-            totals.collections += s.collections;
-            totals.pages_dropped += s.pages_dropped;
-            totals.page_requests_sent += s.page_requests_sent;
-            totals.validations += s.validations;
-            totals.twins_ahead += s.twins_ahead;
-            totals.diffs_piggybacked += s.diffs_piggybacked;
-            totals.diffs_pushed += s.diffs_pushed;
-            totals.pushes_used += s.pushes_used;
-            totals.pushes_wasted += s.pushes_wasted;
-            totals.lock_tokens_bundled += s.lock_tokens_bundled;
-            totals.lock_tokens_received += s.lock_tokens_received;
-            totals.lock_forwards_returned += s.lock_forwards_returned;
+        for s in &stats {
+            totals += s;
         }
     }
     eprintln!("sim totals: {totals:?}, validations needing no message: {local_validations}");
@@ -563,13 +547,8 @@ fn lock_walks_with_bundled_grants_read_sequentially_consistent_values() {
     let seeds: u64 =
         std::env::var("TMK_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).map_or(1000, |n: u64| n / 5);
     for seed in 0..seeds {
-        for s in run_walk_seed(seed).0 {
-            totals.lock_acquires_local += s.lock_acquires_local;
-            totals.lock_acquires_remote += s.lock_acquires_remote;
-            totals.lock_tokens_bundled += s.lock_tokens_bundled;
-            totals.lock_tokens_received += s.lock_tokens_received;
-            totals.lock_forwards_returned += s.lock_forwards_returned;
-            totals.diffs_piggybacked += s.diffs_piggybacked;
+        for s in &run_walk_seed(seed).0 {
+            totals += s;
         }
     }
     eprintln!("lock walk totals: {totals:?}");

@@ -61,3 +61,43 @@ pub struct ProtocolStats {
     /// Most consistency data (records, notices, twins, diffs) held at once, in bytes.
     pub peak_consistency_bytes: u64,
 }
+
+/// Totals over nodes or runs: every counter added, the peak the larger of the two.
+impl std::ops::AddAssign<&ProtocolStats> for ProtocolStats {
+    fn add_assign(&mut self, o: &ProtocolStats) {
+        self.read_misses += o.read_misses;
+        self.write_faults += o.write_faults;
+        self.twins += o.twins;
+        self.twins_renewed += o.twins_renewed;
+        self.twins_ahead += o.twins_ahead;
+        self.fast_twins += o.fast_twins;
+        self.diffs_created += o.diffs_created;
+        self.diff_bytes_created += o.diff_bytes_created;
+        self.diffs_applied += o.diffs_applied;
+        self.diff_bytes_applied += o.diff_bytes_applied;
+        self.validations += o.validations;
+        self.diffs_piggybacked += o.diffs_piggybacked;
+        self.diffs_pushed += o.diffs_pushed;
+        self.pushes_used += o.pushes_used;
+        self.pushes_wasted += o.pushes_wasted;
+        self.diff_requests_sent += o.diff_requests_sent;
+        self.diff_requests_served += o.diff_requests_served;
+        self.intervals += o.intervals;
+        self.write_notices_made += o.write_notices_made;
+        self.intervals_incorporated += o.intervals_incorporated;
+        self.write_notices_received += o.write_notices_received;
+        self.invalidations += o.invalidations;
+        self.lock_acquires_local += o.lock_acquires_local;
+        self.lock_acquires_remote += o.lock_acquires_remote;
+        self.lock_tokens_bundled += o.lock_tokens_bundled;
+        self.lock_tokens_received += o.lock_tokens_received;
+        self.lock_forwards_returned += o.lock_forwards_returned;
+        self.barriers += o.barriers;
+        self.page_requests_sent += o.page_requests_sent;
+        self.pages_served += o.pages_served;
+        self.collections += o.collections;
+        self.pages_dropped += o.pages_dropped;
+        self.gc_bytes_reclaimed += o.gc_bytes_reclaimed;
+        self.peak_consistency_bytes = self.peak_consistency_bytes.max(o.peak_consistency_bytes);
+    }
+}
