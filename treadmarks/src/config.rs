@@ -13,7 +13,7 @@
 //! | bound on meeting the other nodes | `TMK_CONNECT_TIMEOUT` (seconds) | | 30 |
 //! | how long the application polls for a reply, or for a fault's resolution, before it sleeps | `TMK_SPIN_US` (µs) | | 100 |
 //! | push diffs at barriers to pages' earlier readers | `TMK_PUSH=0` turns it off | | on |
-//! | most lock tokens a grant passes along unasked (locks the acquirer took after this one last time) | `TMK_LOCK_BUNDLE` (0 turns it off) | | 32 |
+//! | most lock tokens a grant passes along unasked (locks the acquirer took after this one last time, or the ids after it) | `TMK_LOCK_BUNDLE` (0 turns it off) | | 32 |
 //! | pin each node (its application and service threads) to one CPU, node `r` to the `r`-th allowed CPU modulo their number | `TMK_PIN=1` / `TMK_PIN=0` | | on in a job started with `-n N` on one machine, off for nodes that join with `TMK_RANK` |
 //! | real-time (`SCHED_FIFO`) service thread, so it preempts its own application thread at once (needs privilege; ignored without) | `TMK_SERVICE_RT=1` / `TMK_SERVICE_RT=0` | | as pinning |
 //! | how long the service thread polls its sockets, instead of sleeping, while the application waits for an answer | `TMK_SERVICE_SPIN_US` (µs) | | 1000 when pinned with a CPU to each node of the job, else 0 |

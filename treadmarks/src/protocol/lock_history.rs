@@ -3,9 +3,10 @@
 //! A program that walks many locks in a pattern (SPLASH's Water takes one lock per molecule, in
 //! the same order every step) pays a round trip for every acquire whose token another node holds.
 //! The node remembers, for every lock it acquired, the [`LockHistory::limit`] locks it acquired
-//! after it (repeats kept; the granter skips them). A request for a lock carries that list (its *wish*); the holder grants the
-//! lock and passes along the tokens of wished locks it holds and does not use, so the acquirer takes
-//! them without asking.
+//! after it (repeats kept; the granter skips them). A request for a lock carries that list (its
+//! *wish*); the holder grants the lock and passes along the tokens of wished locks it holds and
+//! does not use, so the acquirer takes them without asking. A lock never followed yet (the first
+//! pass of a walk) wishes for the ids after it, a first guess that the walk's history replaces.
 //!
 //! # Invariants
 //! - `recent` holds this node's last `limit` acquires, oldest first (fewer at the start).
@@ -23,12 +24,14 @@ pub struct LockHistory {
     limit: usize,
     recent: VecDeque<LockId>,
     follow: HashMap<LockId, Vec<LockId>>,
+    /// Locks in the job (ids `0..nlocks`).
+    nlocks: u32,
 }
 
 impl LockHistory {
-    /// A history that predicts up to `limit` locks after each; 0 turns prediction off.
-    pub fn new(limit: usize) -> Self {
-        LockHistory { limit, recent: VecDeque::with_capacity(limit + 1), follow: HashMap::new() }
+    /// A history that predicts up to `limit` locks after each of `nlocks`; 0 turns prediction off.
+    pub fn new(limit: usize, nlocks: u32) -> Self {
+        LockHistory { limit, recent: VecDeque::with_capacity(limit + 1), follow: HashMap::new(), nlocks }
     }
 
     /// Most locks one wish names, and most tokens one grant passes along.
@@ -52,8 +55,18 @@ impl LockHistory {
     }
 
     /// The locks we expect to take after `lock`, as we did last time.
+    ///
+    /// A lock we never saw followed (the first pass of a walk) gets the ids after it: programs
+    /// keep a lock per array element and walk them in order, and a wish is only a hint.
     pub fn wish(&self, lock: LockId) -> Vec<LockId> {
-        self.follow.get(&lock).cloned().unwrap_or_default()
+        match self.follow.get(&lock) {
+            Some(after) => after.clone(),
+            None if self.limit > 0 => {
+                let end = lock.0.saturating_add(1 + self.limit as u32).min(self.nlocks);
+                (lock.0 + 1..end).map(LockId).collect()
+            }
+            None => Vec::new(),
+        }
     }
 
     /// Whether we expect to take `lock` soon: it is the lock we took last, or one that followed
@@ -75,15 +88,15 @@ mod tests {
 
     #[test]
     fn a_lock_is_followed_by_the_other_locks_taken_after_it() {
-        let mut h = LockHistory::new(3);
+        let mut h = LockHistory::new(3, 100);
         for l in [1, 2, 2, 1, 5, 6] {
             h.record(LockId(l));
         }
         // After 1: 2, 2, 1 -> [2, 2] (itself left out); after the second 2: 1, 5, 6.
         assert_eq!(h.wish(LockId(1)), ids(&[2, 2]));
         assert_eq!(h.wish(LockId(2)), ids(&[1, 5, 6]));
-        // 5 and 6 were not yet followed by three acquires.
-        assert!(h.wish(LockId(5)).is_empty());
+        // 5 was not yet followed by three acquires: the ids after it, as a first guess.
+        assert_eq!(h.wish(LockId(5)), ids(&[6, 7, 8]));
         // We took 6 last; nothing followed 6 yet.
         assert!(h.expects(LockId(6)) && !h.expects(LockId(1)));
         h.record(LockId(2));
@@ -93,7 +106,7 @@ mod tests {
 
     #[test]
     fn the_last_pass_wins() {
-        let mut h = LockHistory::new(2);
+        let mut h = LockHistory::new(2, 100);
         for l in [1, 2, 3, 1, 7, 8] {
             h.record(LockId(l));
         }
@@ -101,8 +114,16 @@ mod tests {
     }
 
     #[test]
+    fn a_lock_never_followed_wishes_for_the_ids_after_it_within_the_job() {
+        let h = LockHistory::new(4, 10);
+        assert_eq!(h.wish(LockId(2)), ids(&[3, 4, 5, 6]));
+        assert_eq!(h.wish(LockId(8)), ids(&[9]));
+        assert!(h.wish(LockId(9)).is_empty());
+    }
+
+    #[test]
     fn limit_zero_predicts_nothing() {
-        let mut h = LockHistory::new(0);
+        let mut h = LockHistory::new(0, 100);
         for l in 0..10 {
             h.record(LockId(l % 3));
         }

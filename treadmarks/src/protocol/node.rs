@@ -147,7 +147,7 @@ impl<M: PageMemory> Node<M> {
             diff_seq: 0,
             locks,
             interval_locks: Vec::new(),
-            lock_history: LockHistory::new(cfg.lock_bundle),
+            lock_history: LockHistory::new(cfg.lock_bundle, cfg.nlocks),
             barrier: BarrierEpisode::new(n),
             sent_to_manager: 0,
             allocator: (me == NodeId(0)).then(|| Allocator::new(cfg.heap_size)),
