@@ -13,9 +13,9 @@
 //! or that only twins ahead — the application thread runs on the node itself (and rings the
 //! service thread only if it queued a message, such as a grant), which saves two context
 //! switches per operation: Water takes ~9,500 such locks per node, SOR validates ~2,000 views
-//! from pushed diffs. Anything that waits for a peer
-//! goes to the service thread as a command, in program order (the application waits for every
-//! command's reply, so none is queued when it runs a lock operation itself).
+//! from pushed diffs. Anything that waits for a peer goes to the service thread as a command,
+//! in program order (the application waits for every command's reply, so none is queued when it
+//! runs an operation itself).
 //!
 //! With one node there is nobody to talk to: the node runs on the application thread
 //! ([`Engine::Local`]) and nothing is protected, so nothing faults.
@@ -118,8 +118,8 @@ pub(crate) struct Mailbox {
     pub command: Mutex<std::collections::VecDeque<Command>>,
     pub reply: Mutex<Option<Result<Reply>>>,
     pub doorbell: Arc<Doorbell>,
-    /// The job failed (set by the service thread): the application stops running lock
-    /// operations itself, so its next call gets the error from the service thread.
+    /// The job failed (set by the service thread): the application stops running operations
+    /// itself, so its next call gets the error from the service thread.
     pub failed: AtomicBool,
     /// Counted by the application thread: lock operations and view validations it ran itself,
     /// commands it posted.

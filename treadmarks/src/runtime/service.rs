@@ -1,8 +1,8 @@
 //! The service thread: drives the [`Node`] of a multi-node job from three sources — frames from
 //! peers, commands from the application, faults from the signal handler — on a current-thread
 //! tokio runtime (one thread: the two cores are shared with the application). The node sits
-//! behind a mutex it shares with the application thread, which runs the lock operations that need
-//! no message itself ([`super::Engine::call`]); everything else runs here.
+//! behind a mutex it shares with the application thread, which runs the lock operations and view
+//! validations that need no message itself ([`super::Engine`]); everything else runs here.
 //!
 //! Whoever locks the node first drains the twins the fault handler made on its own
 //! ([`super::lock_node`]), so the node knows every writable page before it closes an interval or
