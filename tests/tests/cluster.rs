@@ -35,6 +35,7 @@ fn a_lock_chain_passes_data_through_every_node_in_turn() {
 #[test]
 fn a_lock_walk_takes_bundled_tokens_without_asking_or_handing_off() {
     run("lock-walk", 2, 17).assert_pass("lock-walk");
+    run("lock-walk", 3, 17).assert_pass("lock-walk");
 }
 
 #[test]

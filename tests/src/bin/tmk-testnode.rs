@@ -104,14 +104,16 @@ fn lock_chain(tmk: &mut Tmk) -> R {
     }
 }
 
-/// Water's force phase on two nodes, 64 locks, one word each on pages of 8 words' locks: node 0
-/// takes locks 0..64, node 1 takes 32..64 then 0..32, adding to each lock's word once a step.
-/// After the first step the grants carry the next tokens of each walk (bundled), and every
-/// release, and every acquire whose token is here, runs on the application thread.
+/// Water's force phase on N nodes, 64 locks, one word each (8 locks' words to a page): node `r`
+/// takes all 64 once a step starting at lock `64 r / N`, adding to each lock's word. After the
+/// first step the grants carry the next tokens of each walk (bundled; at more than 2 nodes only
+/// those the granter or the acquirer manages, and forwards on their way to a former holder go
+/// back to the manager), and every release, and every acquire whose token is here, runs on the
+/// application thread.
 fn lock_walk(tmk: &mut Tmk) -> R {
-    let (me, steps, locks) = (tmk.proc_id(), 6, 64usize);
+    let (me, n, steps, locks) = (tmk.proc_id(), tmk.nprocs(), 6, 64usize);
     let words = shared::<u64>(tmk, locks * 64)?;
-    let order: Vec<usize> = (0..locks).map(|k| (k + me * locks / 2) % locks).collect();
+    let order: Vec<usize> = (0..locks).map(|k| (k + me * locks / n) % locks).collect();
     for _ in 0..steps {
         for &l in &order {
             let g = tmk.lock(l as u32)?;
@@ -119,26 +121,27 @@ fn lock_walk(tmk: &mut Tmk) -> R {
         }
         tmk.barrier(0)?;
     }
+    let want = (n * steps) as u64;
     let v = tmk.view(&words)?;
-    let bad = (0..locks).find(|&l| v[l * 64] != 2 * steps as u64);
-    check(bad.is_none(), || {
-        format!("lock {bad:?}'s word is {:?}, want {}", bad.map(|l| v[l * 64]), 2 * steps)
-    })?;
+    let bad = (0..locks).find(|&l| v[l * 64] != want);
+    check(bad.is_none(), || format!("lock {bad:?}'s word is {:?}, want {want}", bad.map(|l| v[l * 64])))?;
     drop(v);
     let s = tmk.stats()?;
     let p = &s.protocol;
     let acquires = p.lock_acquires_local + p.lock_acquires_remote;
     check(acquires == (steps * locks) as u64, || format!("{acquires} acquires"))?;
-    // Every remote acquire in the first step (no history yet); in the others most tokens come
-    // bundled: at most half the acquires of a step remote (about one in nine, unless timing
-    // keeps some tokens busy at the granter).
-    let remote_bound = (locks + (steps - 1) * locks / 2) as u64;
-    check(p.lock_acquires_remote <= remote_bound && p.lock_tokens_received > 0, || {
-        format!(
-            "{} remote acquires (bound {remote_bound}), {} tokens received",
-            p.lock_acquires_remote, p.lock_tokens_received
-        )
-    })?;
+    check(p.lock_tokens_received > 0, || "no token came bundled".to_string())?;
+    if n == 2 {
+        // At 2 nodes every token can travel: at most half the acquires of the job remote (about
+        // one in nine, unless timing keeps some tokens busy at the granter).
+        let bound = (steps * locks / 2) as u64;
+        check(p.lock_acquires_remote <= bound, || {
+            format!(
+                "{} remote acquires (bound {bound}), {} tokens received",
+                p.lock_acquires_remote, p.lock_tokens_received
+            )
+        })?;
+    }
     check(s.lock_ops_here == p.lock_acquires_local + acquires, || {
         format!(
             "{} lock operations on the application thread, want {} local acquires + {acquires} releases",
