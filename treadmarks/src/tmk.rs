@@ -391,9 +391,10 @@ impl Tmk {
     /// A mutable view of a shared array, validated like [`Tmk::view`]. It also declares writes:
     /// when it covers many pages that would fault on their first write, and no lock is held,
     /// they get their twins up front, in one step, instead of one fault each. A twin made ahead
-    /// is noticed only if its page changed, which is checked when the interval ends at a
-    /// barrier or an acquire; under a lock the interval ends at the (asynchronous) release,
-    /// which cannot check, so there pages fault one by one as usual.
+    /// is noticed only if its page changed, which is checked when the interval ends. Under a
+    /// lock pages fault one by one as usual: such a view tends to write a few entries of a larger
+    /// structure (tsp's work queue), whose every page would be twinned, then frozen and compared
+    /// at the release.
     pub fn view_mut<T: Pod>(&self, h: &Shared<[T]>) -> Result<ViewMut<'_, T>> {
         self.view_mut_parts(h, std::iter::once(0..h.len()))
     }
