@@ -323,10 +323,11 @@ impl<M: PageMemory> Node<M> {
         let mut distinct = bundled.clone();
         distinct.sort_unstable();
         distinct.dedup();
+        let repeated = distinct.len() < bundled.len();
         for &b in &bundled {
             let st = &self.locks[b.idx()];
             let manager = self.manager_of(b);
-            let ours = st.token || st.held || st.requested || b == lock || distinct.len() < bundled.len();
+            let ours = st.token || st.held || st.requested || b == lock || repeated;
             if ours || (manager != from && manager != self.me) {
                 return Err(ProtocolError::Unexpected { from, what: format!("{b} bundled with {lock}") });
             }

@@ -178,7 +178,6 @@ struct Sim {
     local_validations: u64,
     /// Per-link delivery weights (0: stalled for now); empty: every link and node alike.
     skew: Vec<u64>,
-    nlocks: u32,
 }
 
 fn locate(w: u32) -> (PageIdx, usize) {
@@ -223,7 +222,6 @@ impl Sim {
             seed,
             local_validations: 0,
             skew,
-            nlocks: s.nlocks,
         }
     }
 
@@ -334,7 +332,7 @@ impl Sim {
     /// Each lock's token is at exactly one node or in exactly one grant in flight, and at most
     /// one node holds the lock.
     fn check_tokens(&self) {
-        for l in 0..self.nlocks as usize {
+        for l in 0..self.nodes[0].node.locks.len() {
             let at: Vec<usize> = (0..self.n).filter(|&i| self.nodes[i].node.locks[l].token).collect();
             let holders = (0..self.n).filter(|&i| self.nodes[i].node.locks[l].held).count();
             let in_flight = (self.links.iter().flatten())
