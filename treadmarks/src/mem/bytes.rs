@@ -4,7 +4,9 @@
 //! which of its bytes differ from the twin. Scalar bit tricks cost about a nanosecond per word;
 //! SSE2 (part of the x86_64 baseline) compares 16 bytes and gathers their equality bits in three
 //! instructions, about five times faster. The intrinsics are `unsafe` to call, so the kernel lives
-//! here, behind a safe function; other targets use the portable fallback.
+//! here, behind a safe function; other targets use the portable fallback. [`word_sets`] then
+//! sorts the words by their masks into bit sets, so that the encoder finds runs by bit search
+//! instead of a data-dependent branch per word.
 
 /// For each 8-byte word `i` of `a` and `b`, sets `masks[i]` bit `k` if byte `k` of the word
 /// differs.
@@ -48,16 +50,80 @@ fn simd_pairs(a: &[u8], b: &[u8], masks: &mut [u8]) {
 }
 
 fn portable(a: &[u8], b: &[u8], masks: &mut [u8]) {
+    for ((ca, cb), m) in a.chunks_exact(8).zip(b.chunks_exact(8)).zip(masks.iter_mut()) {
+        *m = nonzero_bytes(
+            u64::from_le_bytes(ca.try_into().expect("8 bytes"))
+                ^ u64::from_le_bytes(cb.try_into().expect("8 bytes")),
+        );
+    }
+}
+
+/// Bit `i` set if byte `i` of `x` is not zero.
+fn nonzero_bytes(x: u64) -> u8 {
     const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
     const HIGH: u64 = 0x8080_8080_8080_8080;
-    for ((ca, cb), m) in a.chunks_exact(8).zip(b.chunks_exact(8)).zip(masks.iter_mut()) {
-        let x = u64::from_le_bytes(ca.try_into().expect("8 bytes"))
-            ^ u64::from_le_bytes(cb.try_into().expect("8 bytes"));
-        // The high bit of every nonzero byte, moved to bit 8i, then gathered into bits 56..64 by
-        // a multiplication without carries.
-        let nonzero = (((x & LOW7) + LOW7) | x) & HIGH;
-        *m = ((nonzero >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56) as u8;
+    // The high bit of every nonzero byte, moved to bit 8i, then gathered into bits 56..64 by a
+    // multiplication without carries.
+    let nonzero = (((x & LOW7) + LOW7) | x) & HIGH;
+    ((nonzero >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56) as u8
+}
+
+/// Sorts the words of a page by their masks (from [`changed_byte_masks`]) into two bit sets, 64
+/// words to an element: bit `i % 64` of element `i / 64` is set in `changed` if word `i` changed
+/// at all, and in `full` if every byte of it changed. Bits past the last word are clear.
+///
+/// # Panics
+///
+/// If `changed` or `full` has not exactly one element per 64 masks (rounded up).
+pub fn word_sets(masks: &[u8], changed: &mut [u64], full: &mut [u64]) {
+    let n = masks.len().div_ceil(64);
+    assert!(changed.len() == n && full.len() == n, "word_sets needs one bit per mask");
+    for ((m, c), f) in masks.chunks(64).zip(changed.iter_mut()).zip(full.iter_mut()) {
+        let (mut cs, mut fs) = (0u64, 0u64);
+        let sixteens = m.len() / 16;
+        for (k, m16) in m.chunks_exact(16).enumerate() {
+            let (unchanged, all) = simd_classes(m16);
+            cs |= u64::from(!unchanged) << (16 * k);
+            fs |= u64::from(all) << (16 * k);
+        }
+        for (k, m8) in m[16 * sixteens..].chunks(8).enumerate() {
+            let mut word = [0u8; 8];
+            word[..m8.len()].copy_from_slice(m8);
+            let x = u64::from_le_bytes(word);
+            let shift = 16 * sixteens + 8 * k;
+            // Padding (a short last chunk) reads as unchanged, so neither set gets its bits.
+            cs |= u64::from(nonzero_bytes(x)) << shift;
+            fs |= u64::from(!nonzero_bytes(!x) & (0xffu8 >> (8 - m8.len()))) << shift;
+        }
+        (*c, *f) = (cs, fs);
     }
+}
+
+/// For 16 masks: bit `i` set in the first value if mask `i` is zero, in the second if it is
+/// `0xff`.
+#[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+fn simd_classes(m: &[u8]) -> (u16, u16) {
+    use std::arch::x86_64::{
+        _mm_cmpeq_epi8, _mm_movemask_epi8, _mm_set_epi64x, _mm_set1_epi8, _mm_setzero_si128,
+    };
+    let lo = i64::from_le_bytes(m[..8].try_into().expect("8 bytes"));
+    let hi = i64::from_le_bytes(m[8..16].try_into().expect("8 bytes"));
+    // SAFETY: SSE2 is enabled for this build (the cfg above), which is all these intrinsics
+    // require; they operate on register values only and touch no memory.
+    unsafe {
+        let v = _mm_set_epi64x(hi, lo);
+        let zero = _mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_setzero_si128()));
+        let ones = _mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8(-1)));
+        (zero as u16, ones as u16)
+    }
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_feature = "sse2")))]
+fn simd_classes(m: &[u8]) -> (u16, u16) {
+    let half = |h: &[u8]| u64::from_le_bytes(h.try_into().expect("8 bytes"));
+    let (lo, hi) = (half(&m[..8]), half(&m[8..16]));
+    let zero = |x: u64| u16::from(!nonzero_bytes(x));
+    (zero(lo) | zero(hi) << 8, zero(!lo) | zero(!hi) << 8)
 }
 
 #[cfg(test)]
@@ -94,6 +160,32 @@ mod tests {
                 let mut p = vec![0xa5; len / 8];
                 portable(&a, &b, &mut p);
                 assert_eq!(p, m);
+            }
+        }
+    }
+
+    #[test]
+    fn word_sets_sort_words_by_their_masks() {
+        let mut s = 0x2545_f491_4f6c_dd1du64;
+        for len in [1usize, 7, 8, 15, 16, 17, 63, 64, 65, 100, 512] {
+            for _ in 0..200 {
+                let masks: Vec<u8> = (0..len)
+                    .map(|_| {
+                        s ^= s << 13;
+                        s ^= s >> 7;
+                        s ^= s << 17;
+                        [0, 0xff, s as u8][(s >> 40) as usize % 3]
+                    })
+                    .collect();
+                let n = len.div_ceil(64);
+                let (mut changed, mut full) = (vec![!0; n], vec![!0; n]);
+                word_sets(&masks, &mut changed, &mut full);
+                for i in 0..n * 64 {
+                    let bit = |set: &[u64]| set[i / 64] >> (i % 64) & 1 == 1;
+                    let m = masks.get(i).copied();
+                    assert_eq!(bit(&changed), m.is_some_and(|m| m != 0), "len {len} word {i}");
+                    assert_eq!(bit(&full), m == Some(0xff), "len {len} word {i}");
+                }
             }
         }
     }

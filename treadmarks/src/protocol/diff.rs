@@ -20,7 +20,8 @@
 //! all of their bytes, would otherwise cost a run per word.
 //!
 //! Making a diff first computes every word's mask with a SIMD byte compare
-//! ([`crate::mem::bytes`]), then cuts the changed words into runs. Inside a stretch of changed
+//! ([`crate::mem::bytes`]), sorts the words into bit sets (changed at all, changed fully), then
+//! cuts the changed words into runs by searching those sets, a few bit operations per run. Inside a stretch of changed
 //! words, at least [`MIN_FULL_RUN`] consecutive fully changed words become a full run of their own
 //! (no masks: copied with one `memcpy` when applied), and the words around them masked runs. A
 //! page rewritten with random 64-bit values, where one word in ~30 keeps a byte by chance, then
@@ -108,12 +109,6 @@ const WORD: usize = 8;
 /// saves a mask byte per word.
 pub const MIN_FULL_RUN: usize = 8;
 
-thread_local! {
-    /// Per-thread scratch of [`Diff::make`]: the word masks and the encoding, kept between calls
-    /// so that making a diff allocates only the diff itself, at its exact size.
-    static SCRATCH: RefCell<(Vec<u8>, Vec<u8>)> = const { RefCell::new((Vec::new(), Vec::new())) };
-}
-
 /// `EXPAND[m]`: the word with byte `i` all ones where bit `i` of `m` is set.
 const EXPAND: [u64; 256] = {
     let mut t = [0u64; 256];
@@ -152,12 +147,70 @@ fn get_varint(b: &[u8], at: &mut usize) -> Option<usize> {
     None
 }
 
-/// Appends the encoding of `page`'s changed words (`masks[i]`: which bytes of word `i` changed)
-/// to `out`.
-fn encode(masks: &[u8], page: &[u8], out: &mut Vec<u8>) {
+/// Per-thread scratch of [`Diff::make`], kept between calls so that making a diff allocates only
+/// the diff itself, at its exact size.
+#[derive(Default)]
+struct Scratch {
+    /// Which bytes of each word changed.
+    masks: Vec<u8>,
+    /// Words changed at all, fully, and the first words of [`MIN_FULL_RUN`] fully changed ones:
+    /// bit sets, 64 words to an element.
+    changed: Vec<u64>,
+    full: Vec<u64>,
+    full_runs: Vec<u64>,
+    /// The encoding.
+    out: Vec<u8>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// The first set bit of `set` at or after `from` and before `end`.
+fn next_one(set: &[u64], from: usize, end: usize) -> Option<usize> {
+    next_bit(set, from, end, 0)
+}
+
+/// The first clear bit of `set` at or after `from`, or `end` if there is none before it.
+fn next_zero(set: &[u64], from: usize, end: usize) -> usize {
+    next_bit(set, from, end, !0).unwrap_or(end)
+}
+
+/// The first bit at or after `from` and before `end` of `set`, each element XORed with `flip`.
+fn next_bit(set: &[u64], from: usize, end: usize, flip: u64) -> Option<usize> {
+    if from >= end {
+        return None;
+    }
+    let mut k = from / 64;
+    let mut x = (set[k] ^ flip) & (!0u64 << (from % 64));
+    loop {
+        if x != 0 {
+            return Some(k * 64 + x.trailing_zeros() as usize).filter(|&i| i < end);
+        }
+        k += 1;
+        if k * 64 >= end {
+            return None;
+        }
+        x = set[k] ^ flip;
+    }
+}
+
+/// Appends the encoding of `page`'s changed words to `out`, given which bytes of each word changed
+/// (`s.masks`), as bit sets made by [`crate::mem::bytes::word_sets`].
+///
+/// It costs a few bit operations per run rather than a branch per word: floating-point data,
+/// where fully and partly changed words alternate at random, made a per-word loop the largest
+/// cost of a bulk transfer.
+fn encode(s: &mut Scratch, page: &[u8]) {
+    let Scratch { masks, changed, full, full_runs, out } = s;
     let words = masks.len();
+    // Bit i of `full_runs`: words i..i + MIN_FULL_RUN all changed fully.
+    for k in 0..full.len() {
+        let (x, next) = (full[k], full.get(k + 1).copied().unwrap_or(0));
+        full_runs[k] = (1..MIN_FULL_RUN).fold(x, |r, sh| r & (x >> sh | next << (64 - sh)));
+    }
     let mut prev_end = 0usize;
-    let mut emit = |out: &mut Vec<u8>, start: usize, end: usize, masked: bool| {
+    let mut emit = |start: usize, end: usize, masked: bool| {
         put_varint(out, start - prev_end);
         put_varint(out, (end - start) << 1 | usize::from(masked));
         if masked {
@@ -167,45 +220,24 @@ fn encode(masks: &[u8], page: &[u8], out: &mut Vec<u8>) {
         prev_end = end;
     };
     let mut w = 0usize;
-    while w < words {
-        // Skip unchanged words, eight at a time where possible.
-        while w + 8 <= words && masks[w..w + 8] == [0; 8] {
-            w += 8;
-        }
-        while w < words && masks[w] == 0 {
-            w += 1;
-        }
-        if w == words {
-            break;
-        }
-        let start = w;
-        while w < words && masks[w] != 0 {
-            w += 1;
-        }
-        // Changed words start..w: full runs for long enough stretches of fully changed words
-        // (or if all of what is left is fully changed), masked runs for the rest.
-        let (mut from, mut i) = (start, start);
-        while i < w {
-            if masks[i] != 0xff {
-                i += 1;
-                continue;
+    while let Some(start) = next_one(changed, w, words) {
+        let end = next_zero(changed, start, words);
+        // Changed words start..end: full runs for stretches of at least MIN_FULL_RUN fully
+        // changed words (or for all of what is left if it is fully changed), masked runs for
+        // the rest.
+        let mut from = start;
+        while let Some(i) = next_one(full_runs, from, end) {
+            let j = next_zero(full, i, end);
+            if from < i {
+                emit(from, i, true);
             }
-            let mut j = i;
-            while j < w && masks[j] == 0xff {
-                j += 1;
-            }
-            if j - i >= MIN_FULL_RUN || (i == from && j == w) {
-                if from < i {
-                    emit(out, from, i, true);
-                }
-                emit(out, i, j, false);
-                from = j;
-            }
-            i = j;
+            emit(i, j, false);
+            from = j;
         }
-        if from < w {
-            emit(out, from, w, true);
+        if from < end {
+            emit(from, end, next_zero(full, from, end) < end);
         }
+        w = end;
     }
 }
 
@@ -221,13 +253,17 @@ impl Diff {
     pub fn make(twin: &[u8], page: &[u8]) -> Diff {
         assert_eq!(twin.len(), page.len(), "twin and page differ in size");
         assert!(page.len().is_multiple_of(WORD), "a page of {} bytes is not whole words", page.len());
-        SCRATCH.with_borrow_mut(|(masks, out)| {
-            masks.clear();
-            masks.resize(page.len() / WORD, 0);
-            crate::mem::bytes::changed_byte_masks(twin, page, masks);
-            out.clear();
-            encode(masks, page, out);
-            Diff(crate::mem::chunk::store(out))
+        SCRATCH.with_borrow_mut(|s| {
+            let words = page.len() / WORD;
+            s.masks.resize(words, 0);
+            crate::mem::bytes::changed_byte_masks(twin, page, &mut s.masks);
+            for set in [&mut s.changed, &mut s.full, &mut s.full_runs] {
+                set.resize(words.div_ceil(64), 0);
+            }
+            crate::mem::bytes::word_sets(&s.masks, &mut s.changed, &mut s.full);
+            s.out.clear();
+            encode(s, page);
+            Diff(crate::mem::chunk::store(&s.out))
         })
     }
 
@@ -508,6 +544,95 @@ mod tests {
             let mut t = twin.clone();
             d.apply(&mut t).unwrap();
             assert_eq!(t, page);
+        }
+    }
+
+    /// The encoder as first written, a branch per word: the reference for the bit-set one.
+    fn reference_encode(masks: &[u8], page: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut prev_end = 0usize;
+        let mut emit = |out: &mut Vec<u8>, start: usize, end: usize, masked: bool| {
+            put_varint(out, start - prev_end);
+            put_varint(out, (end - start) << 1 | usize::from(masked));
+            if masked {
+                out.extend_from_slice(&masks[start..end]);
+            }
+            out.extend_from_slice(&page[start * WORD..end * WORD]);
+            prev_end = end;
+        };
+        let (words, mut w) = (masks.len(), 0);
+        while w < words {
+            while w < words && masks[w] == 0 {
+                w += 1;
+            }
+            if w == words {
+                break;
+            }
+            let start = w;
+            while w < words && masks[w] != 0 {
+                w += 1;
+            }
+            let (mut from, mut i) = (start, start);
+            while i < w {
+                if masks[i] != 0xff {
+                    i += 1;
+                    continue;
+                }
+                let mut j = i;
+                while j < w && masks[j] == 0xff {
+                    j += 1;
+                }
+                if j - i >= MIN_FULL_RUN || (i == from && j == w) {
+                    if from < i {
+                        emit(&mut out, from, i, true);
+                    }
+                    emit(&mut out, i, j, false);
+                    from = j;
+                }
+                i = j;
+            }
+            if from < w {
+                emit(&mut out, from, w, true);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_encoding_is_the_reference_encoders() {
+        let mut rng = Rng(0x0bad_cafe_1234_5678);
+        for size in [8, 16, 64, 256, 512, 4096, 8192] {
+            for _ in 0..3000 / (1 + size / 1024) {
+                let twin: Vec<u8> = (0..size).map(|_| rng.next() as u8).collect();
+                // Words unchanged, changed fully or in some bytes, in stretches of random
+                // lengths (so runs cross 64-word boundaries and meet the page ends).
+                let mut page = twin.clone();
+                let mut w = 0;
+                while w < size / WORD {
+                    let (kind, len) = (rng.below(4), 1 + rng.below(24));
+                    for v in w..(w + len).min(size / WORD) {
+                        for b in 0..WORD {
+                            let change = match kind {
+                                0 => false,
+                                1 => true,
+                                2 => rng.below(8) != 0,
+                                _ => b != 7,
+                            };
+                            if change {
+                                page[v * WORD + b] ^= 1 + (rng.next() % 255) as u8;
+                            }
+                        }
+                    }
+                    w += len;
+                }
+                let d = Diff::make(&twin, &page);
+                let mut masks = vec![0; size / WORD];
+                crate::mem::bytes::changed_byte_masks(&twin, &page, &mut masks);
+                assert_eq!(&d.0[..], &reference_encode(&masks, &page)[..], "page of {size} bytes");
+                let mut t = twin.clone();
+                d.apply(&mut t).unwrap();
+                assert_eq!(t, page);
+            }
         }
     }
 
