@@ -88,6 +88,7 @@ pub struct PageMeta {
     pub renewed: bool,
     /// Per writer, indexed by node; empty until a notice arrives.
     pub writers: Vec<WriterState>,
+    /// Our own diffs of the page, oldest first (`seq` rises along the list).
     pub diffs: Vec<OwnDiff>,
     /// Set when a collection dropped our copy: fetch a whole copy from this node first.
     pub base_from: Option<NodeId>,
@@ -476,10 +477,12 @@ impl<M: PageMemory> Node<M> {
         if self.pages[p.idx()].twin.is_some_and(|first| first <= want.min(closed)) {
             self.cut_twin(p, Access::Read);
         }
-        let diffs = self.pages[p.idx()]
-            .diffs
+        // Diffs are kept in the order they were made (rising `seq`), and a page read every
+        // epoch keeps one per epoch until a collection: skip the applied ones by bisection.
+        let kept = &self.pages[p.idx()].diffs;
+        let diffs = kept[kept.partition_point(|d| d.seq <= after_seq)..]
             .iter()
-            .filter(|d| d.seq > after_seq && d.first <= want)
+            .filter(|d| d.first <= want)
             .map(|d| DiffWire { seq: d.seq, first_vt: d.first_vt.clone(), diff: d.diff.clone() })
             .collect();
         PageDiffs { page: p, diffs }
