@@ -8,7 +8,7 @@
 //! | heap size | `TMK_HEAP_SIZE` (`256MiB`, `1GiB`, bytes) | | 1 GiB |
 //! | heap base address | `TMK_HEAP_BASE` (hex) | | `0x600000000000` |
 //! | locks / barriers | `TMK_LOCKS` / `TMK_BARRIERS` | | 1024 / 64 |
-//! | collect consistency data past | `TMK_GC_THRESHOLD` (`1MiB`, bytes) | | 16 MiB or a quarter of the heap, if less |
+//! | collect consistency data past | `TMK_GC_THRESHOLD` (`1MiB`, bytes) | | 32 MiB or a quarter of the heap, if less |
 //! | print statistics at exit | `TMK_STATS=1` (a table), `TMK_STATS=json` (one line) | | off |
 //! | bound on meeting the other nodes | `TMK_CONNECT_TIMEOUT` (seconds) | | 30 |
 //! | how long the application polls for a reply, or for a fault's resolution, before it sleeps | `TMK_SPIN_US` (µs) | | 100 |
@@ -82,11 +82,12 @@ pub struct Config {
 pub const DEFAULT_LOCK_BUNDLE: usize = 32;
 
 /// Consistency data (interval records, diffs, writer tables) past which a barrier collects, by
-/// default. Collecting costs ~1 ms a time at 2 nodes, and frees the diffs' memory for reuse
-/// (`mem/chunk.rs`); jacobi3d, which keeps ~75 KB of diffs an iteration, ran 0.71-0.86 s with
-/// 16 MiB against 0.85-0.91 s with 64 MiB (the old default) in alternated runs, and the other
-/// apps as before, within their spread.
-pub const DEFAULT_GC_THRESHOLD: u64 = 16 << 20;
+/// default. Collecting costs ~1 ms a time at 2 nodes and frees the diffs' memory for reuse
+/// (`mem/chunk.rs`), but makes every page written afterwards twin again and may fetch pages
+/// whole. In alternated runs at 2 nodes, jacobi3d (~75 KB of diffs an iteration) ran 0.68-0.70 s
+/// at 32 MiB against 0.70-0.75 s at 64 MiB (the old default), and radix 0.140-0.147 s against
+/// 0.142-0.19 s; at 16 MiB radix collected mid-sort and ran 6% slower.
+pub const DEFAULT_GC_THRESHOLD: u64 = 32 << 20;
 
 /// The service thread's polling budget for a node pinned to a CPU of its own.
 pub const DEFAULT_SERVICE_SPIN: Duration = Duration::from_micros(1000);

@@ -9,8 +9,8 @@
 //!
 //! Each thread appends to a chunk of its own ([`store`]); a diff is a [`SharedBytes`] slice of
 //! its chunk. A chunk wastes at most the tail that did not fit the next diff. Each chunk is a
-//! mapping: the consistency data a node holds before it collects (16 MiB by default) is about
-//! 8 of them, well inside the mappings the `mprotect` backend leaves spare
+//! mapping: the consistency data a node holds before it collects (32 MiB by default) is about
+//! 16 of them, well inside the mappings the `mprotect` backend leaves spare
 //! ([`MAP_COUNT_MARGIN`](super::MAP_COUNT_MARGIN)).
 //!
 //! When its last diff is dropped (a collection drops them together) a chunk goes to a pool of
@@ -41,8 +41,8 @@ pub const CHUNK: usize = 2 << 20;
 /// Largest piece appended to a chunk; bigger ones get an allocation of their own.
 const MAX_PIECE: usize = CHUNK / 16;
 
-/// Most retired chunks kept for reuse (64 MiB: four times the consistency data a node holds
-/// before it collects, by default).
+/// Most retired chunks kept for reuse (64 MiB: twice the consistency data a node holds before
+/// it collects, by default).
 pub const POOL_CHUNKS: usize = 32;
 
 /// Retired chunks' mappings, for reuse. Addresses, so that the pool is `Send` without `unsafe`.
