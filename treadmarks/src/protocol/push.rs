@@ -238,9 +238,8 @@ impl<M: PageMemory> Node<M> {
     /// The diffs `w` pushed for page `p`, if they complete `p` for `w` (whose state we hold is
     /// `st`); taken either way.
     pub(crate) fn take_pushed(&mut self, p: PageIdx, w: NodeId, st: WriterState) -> Option<Vec<DiffWire>> {
-        let usable = self.pushed_usable(p, w, st);
         let e = self.push.pushed.remove(&(p, w))?;
-        if usable {
+        if self.completes(&e, w, st) {
             self.stats.pushes_used += 1;
             Some(e.diffs)
         } else {
@@ -252,9 +251,12 @@ impl<M: PageMemory> Node<M> {
     /// Whether diffs `w` pushed of page `p` are exactly what a request would bring, given our
     /// state `st` of that writer (see [`Node::take_pushed`]).
     pub(crate) fn pushed_usable(&self, p: PageIdx, w: NodeId, st: WriterState) -> bool {
-        self.push.pushed.get(&(p, w)).is_some_and(|e| {
-            e.upto <= self.vt.get(w) && e.upto >= st.noticed && e.after_seq <= st.applied_seq
-        })
+        self.push.pushed.get(&(p, w)).is_some_and(|e| self.completes(e, w, st))
+    }
+
+    /// Whether pushed diffs `e` of writer `w` cover exactly the notices of it we hold unapplied.
+    fn completes(&self, e: &Pushed, w: NodeId, st: WriterState) -> bool {
+        e.upto <= self.vt.get(w) && e.upto >= st.noticed && e.after_seq <= st.applied_seq
     }
 
     /// A barrier passed: pushed diffs of the epoch that just ended were not needed. Drops them
