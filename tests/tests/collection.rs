@@ -6,7 +6,9 @@ use support::{run, run_with};
 
 #[test]
 fn a_long_run_with_a_small_threshold_collects_and_stays_bounded() {
-    // 2000 barriers; 256 KiB threshold, checked against peak + 256 KiB slack on every node.
+    // 2000 barriers; 256 KiB threshold, checked against peak + 256 KiB slack on every node, and
+    // diff memory reserved at startup for it (two 2 MiB chunks), none mapped afterwards (the
+    // node checks both).
     let runs = run_with("gc-long", 4, 20, &[("TMK_GC_THRESHOLD", "262144")]);
     runs.assert_pass("gc-long");
     for (backend, out) in runs.iter() {

@@ -13,6 +13,7 @@
 //! | bound on meeting the other nodes | `TMK_CONNECT_TIMEOUT` (seconds) | | 30 |
 //! | how long the application polls for a reply, or for a fault's resolution, before it sleeps | `TMK_SPIN_US` (µs) | | 100 |
 //! | push diffs at barriers to pages' earlier readers | `TMK_PUSH=0` turns it off | | on |
+//! | diff memory backed at startup (multi-node jobs) | `TMK_DIFF_RESERVE` (`16MiB`, bytes; 0 turns it off) | | the collection threshold plus one 2 MiB chunk, at most 64 MiB |
 //! | most lock tokens a grant passes along unasked (locks the acquirer took after this one last time, or the ids after it) | `TMK_LOCK_BUNDLE` (0 turns it off) | | 32 |
 //! | pin each node (its application and service threads) to one CPU, node `r` to the `r`-th allowed CPU modulo their number | `TMK_PIN=1` / `TMK_PIN=0` | | on in a job started with `-n N` on one machine, off for nodes that join with `TMK_RANK` |
 //! | real-time (`SCHED_FIFO`) service thread, so it preempts its own application thread at once (needs privilege; ignored without) | `TMK_SERVICE_RT=1` / `TMK_SERVICE_RT=0` | | as pinning |
@@ -60,6 +61,9 @@ pub struct Config {
     pub gc_threshold: u64,
     /// Push diffs at barriers to the pages' earlier readers (`protocol/push.rs`).
     pub push: bool,
+    /// Diff memory (bytes) a node of a multi-node job backs at startup (`TMK_DIFF_RESERVE`,
+    /// `mem/chunk.rs`); `None`: [`Config::diff_reserve_bytes`]'s default.
+    pub diff_reserve: Option<u64>,
     /// Most lock tokens a grant passes along unasked (`protocol/lock.rs`); 0: none.
     pub lock_bundle: usize,
     pub print_stats: bool,
@@ -104,6 +108,7 @@ impl Default for Config {
             nbarriers: 64,
             gc_threshold: DEFAULT_GC_THRESHOLD,
             push: true,
+            diff_reserve: None,
             lock_bundle: DEFAULT_LOCK_BUNDLE,
             print_stats: false,
             stats_json: false,
@@ -184,6 +189,9 @@ impl Config {
         if let Some(v) = env("TMK_SERVICE_SPIN_US") {
             c.service_spin = Some(Duration::from_micros(num("TMK_SERVICE_SPIN_US", &v)?));
         }
+        if let Some(v) = env("TMK_DIFF_RESERVE") {
+            c.diff_reserve = Some(parse_size("TMK_DIFF_RESERVE", &v)? as u64);
+        }
         if let Some(v) = env("TMK_PUSH") {
             c.push = v != "0";
         }
@@ -255,6 +263,13 @@ impl Config {
         Ok(())
     }
 
+    /// Diff memory to back at startup: as set, else the diffs a node holds before its first
+    /// collection: the collection threshold, and one chunk more, since the collection comes at
+    /// the barrier after the threshold is passed (the chunk pool caps it at 64 MiB).
+    pub fn diff_reserve_bytes(&self) -> u64 {
+        self.diff_reserve.unwrap_or(self.gc_threshold + crate::mem::chunk::CHUNK as u64)
+    }
+
     /// What must be identical on every node of a job.
     pub fn fingerprint(&self) -> String {
         format!(
@@ -280,6 +295,14 @@ mod tests {
         assert_eq!(parse_size("x", "4096").unwrap(), 4096);
         let e = parse_size("TMK_HEAP_SIZE", "3 parsecs").unwrap_err().to_string();
         assert!(e.contains("TMK_HEAP_SIZE") && e.contains("parsecs"), "{e}");
+    }
+
+    #[test]
+    fn diff_reserve_defaults_to_the_collection_threshold() {
+        let mut c = Config { gc_threshold: 8 << 20, ..Config::default() };
+        assert_eq!(c.diff_reserve_bytes(), (8 << 20) + crate::mem::chunk::CHUNK as u64);
+        c.diff_reserve = Some(0);
+        assert_eq!(c.diff_reserve_bytes(), 0, "0 turns it off");
     }
 
     #[test]

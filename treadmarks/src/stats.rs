@@ -35,9 +35,10 @@ pub struct Stats {
     /// Faults on valid pages that were only missing from the application view's page tables
     /// (userfaultfd backend), mapped in the signal handler.
     pub minor_maps: u64,
-    /// 2 MiB chunks of diff storage this process mapped fresh, and took from its pool of retired
-    /// ones instead (`mem/chunk.rs`).
+    /// 2 MiB chunks of diff storage this process mapped fresh (those reserved at startup
+    /// included), reserved, and took from its pool instead (`mem/chunk.rs`).
     pub diff_chunks_mapped: u64,
+    pub diff_chunks_reserved: u64,
     pub diff_chunks_reused: u64,
     /// Lock operations (releases, acquires whose token was here) and view validations (diffs all
     /// pushed, or twins ahead only) the application thread ran on the node itself, and commands
@@ -101,7 +102,7 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let p = &self.protocol;
         let sent = self.sent();
-        let fields: [(&str, f64); 34] = [
+        let fields: [(&str, f64); 35] = [
             ("node", f64::from(self.node.0)),
             ("nprocs", f64::from(self.nprocs)),
             ("msgs_sent", sent.msgs as f64),
@@ -126,6 +127,7 @@ impl Stats {
             ("validations_here", self.validations_here as f64),
             ("commands", self.commands as f64),
             ("diff_chunks_mapped", self.diff_chunks_mapped as f64),
+            ("diff_chunks_reserved", self.diff_chunks_reserved as f64),
             ("diff_chunks_reused", self.diff_chunks_reused as f64),
             ("barriers", p.barriers as f64),
             ("collections", p.collections as f64),
@@ -153,13 +155,14 @@ impl fmt::Display for Stats {
         )?;
         writeln!(
             f,
-            "  twins: {} ({} made ahead of writes, {} renewed)   diffs created: {} ({} B; 2 MiB chunks {} mapped, {} reused)   diffs applied: {} ({} B)",
+            "  twins: {} ({} made ahead of writes, {} renewed)   diffs created: {} ({} B; 2 MiB chunks {} mapped, {} of them reserved at startup, {} reused)   diffs applied: {} ({} B)",
             p.twins + p.fast_twins + p.twins_ahead,
             p.twins_ahead,
             p.twins_renewed,
             p.diffs_created,
             p.diff_bytes_created,
             self.diff_chunks_mapped,
+            self.diff_chunks_reserved,
             self.diff_chunks_reused,
             p.diffs_applied,
             p.diff_bytes_applied

@@ -145,6 +145,9 @@ impl Tmk {
                 fingerprint: config.fingerprint(),
                 timeout: config.connect_timeout,
             };
+            // Diff memory backed now, while the other nodes start too, rather than in the middle
+            // of the computation (`mem/chunk.rs`).
+            crate::mem::chunk::reserve(config.diff_reserve_bytes());
             let mesh = connect_mesh(&mesh_cfg, listener);
             children = watch.take().map(StartupWatch::finish);
             let mesh = mesh?;

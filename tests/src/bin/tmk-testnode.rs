@@ -350,9 +350,29 @@ fn gc_long(tmk: &mut Tmk) -> R {
             p.peak_consistency_bytes
         )
     })?;
+    // Diff memory is backed at startup, as much as a node holds before a collection (the
+    // threshold and a chunk, unless TMK_DIFF_RESERVE says otherwise); collections hand it back
+    // for reuse, so the run maps no more than the chunks in use at once.
+    const CHUNK: u64 = 2 << 20;
+    let reserve = std::env::var("TMK_DIFF_RESERVE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(threshold.saturating_add(CHUNK));
+    let reserved = reserve.div_ceil(CHUNK).min(32);
+    check(s.diff_chunks_reserved == reserved, || {
+        format!("{} diff chunks reserved, want {reserved} for {reserve} B", s.diff_chunks_reserved)
+    })?;
+    check(reserved == 0 || s.diff_chunks_mapped == reserved, || {
+        format!("{} diff chunks mapped beyond the {reserved} reserved", s.diff_chunks_mapped - reserved)
+    })?;
     println!(
-        "node {me}: {} collections, peak {} B, {} B reclaimed",
-        p.collections, p.peak_consistency_bytes, p.gc_bytes_reclaimed
+        "node {me}: {} collections, peak {} B, {} B reclaimed, diff chunks {} mapped ({} reserved), {} reused",
+        p.collections,
+        p.peak_consistency_bytes,
+        p.gc_bytes_reclaimed,
+        s.diff_chunks_mapped,
+        s.diff_chunks_reserved,
+        s.diff_chunks_reused
     );
     Ok(())
 }

@@ -330,7 +330,9 @@ impl Service {
         s.fast_write_faults = c.fast_write_faults;
         s.fault_handoffs = c.handoffs;
         s.minor_maps = c.minor_maps;
-        (s.diff_chunks_mapped, s.diff_chunks_reused) = crate::mem::chunk::counts();
+        let chunks = crate::mem::chunk::counts();
+        (s.diff_chunks_mapped, s.diff_chunks_reserved, s.diff_chunks_reused) =
+            (chunks.mapped, chunks.reserved, chunks.reused);
         s.lock_ops_here = self.mailbox.lock_ops_here.load(Ordering::Relaxed);
         s.validations_here = self.mailbox.validations_here.load(Ordering::Relaxed);
         s.commands = self.mailbox.commands.load(Ordering::Relaxed);
