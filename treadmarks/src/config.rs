@@ -14,6 +14,7 @@
 //! | how long the application polls for a reply, or for a fault's resolution, before it sleeps | `TMK_SPIN_US` (µs) | | 100 |
 //! | push diffs at barriers to pages' earlier readers | `TMK_PUSH=0` turns it off | | on |
 //! | diff memory backed at startup (multi-node jobs) | `TMK_DIFF_RESERVE` (`16MiB`, bytes; 0 turns it off) | | the collection threshold plus one 2 MiB chunk, at most 64 MiB |
+//! | twin memory backed at startup (multi-node jobs): the twins of the first pages twinned | `TMK_TWIN_RESERVE` (bytes; 0 turns it off) | | 32 MiB, at most the heap |
 //! | most lock tokens a grant passes along unasked (locks the acquirer took after this one last time, or the ids after it) | `TMK_LOCK_BUNDLE` (0 turns it off) | | 32 |
 //! | pin each node (its application and service threads) to one CPU, node `r` to the `r`-th allowed CPU modulo their number | `TMK_PIN=1` / `TMK_PIN=0` | | on in a job started with `-n N` on one machine, off for nodes that join with `TMK_RANK` |
 //! | real-time (`SCHED_FIFO`) service thread, so it preempts its own application thread at once (needs privilege; ignored without) | `TMK_SERVICE_RT=1` / `TMK_SERVICE_RT=0` | | as pinning |
@@ -64,6 +65,9 @@ pub struct Config {
     /// Diff memory (bytes) a node of a multi-node job backs at startup (`TMK_DIFF_RESERVE`,
     /// `mem/chunk.rs`); `None`: [`Config::diff_reserve_bytes`]'s default.
     pub diff_reserve: Option<u64>,
+    /// Twin memory (bytes) a node of a multi-node job backs at startup (`TMK_TWIN_RESERVE`,
+    /// [`crate::mem::Heap::reserve_twins`]).
+    pub twin_reserve: usize,
     /// Most lock tokens a grant passes along unasked (`protocol/lock.rs`); 0: none.
     pub lock_bundle: usize,
     pub print_stats: bool,
@@ -93,6 +97,11 @@ pub const DEFAULT_LOCK_BUNDLE: usize = 32;
 /// 0.142-0.19 s; at 16 MiB radix collected mid-sort and ran 6% slower.
 pub const DEFAULT_GC_THRESHOLD: u64 = 32 << 20;
 
+/// Twin memory a node of a multi-node job backs at startup, by default: the twins of the first
+/// 8,192 pages it twins. At 2 nodes radix twins 23 MiB of distinct pages a node (the most of the
+/// suite), fft 16 MiB, the others less.
+pub const DEFAULT_TWIN_RESERVE: usize = 32 << 20;
+
 /// The service thread's polling budget for a node pinned to a CPU of its own.
 pub const DEFAULT_SERVICE_SPIN: Duration = Duration::from_micros(1000);
 
@@ -109,6 +118,7 @@ impl Default for Config {
             gc_threshold: DEFAULT_GC_THRESHOLD,
             push: true,
             diff_reserve: None,
+            twin_reserve: DEFAULT_TWIN_RESERVE,
             lock_bundle: DEFAULT_LOCK_BUNDLE,
             print_stats: false,
             stats_json: false,
@@ -191,6 +201,9 @@ impl Config {
         }
         if let Some(v) = env("TMK_DIFF_RESERVE") {
             c.diff_reserve = Some(parse_size("TMK_DIFF_RESERVE", &v)? as u64);
+        }
+        if let Some(v) = env("TMK_TWIN_RESERVE") {
+            c.twin_reserve = parse_size("TMK_TWIN_RESERVE", &v)?;
         }
         if let Some(v) = env("TMK_PUSH") {
             c.push = v != "0";

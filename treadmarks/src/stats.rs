@@ -35,6 +35,10 @@ pub struct Stats {
     /// Faults on valid pages that were only missing from the application view's page tables
     /// (userfaultfd backend), mapped in the signal handler.
     pub minor_maps: u64,
+    /// Pages ever twinned (each holds a twin slot), and twin slots backed at startup
+    /// (`mem/heap.rs`: `Heap::reserve_twins`).
+    pub twin_slots_used: u64,
+    pub twin_slots_reserved: u64,
     /// 2 MiB chunks of diff storage this process mapped fresh (those reserved at startup
     /// included), reserved, and took from its pool instead (`mem/chunk.rs`).
     pub diff_chunks_mapped: u64,
@@ -102,7 +106,7 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let p = &self.protocol;
         let sent = self.sent();
-        let fields: [(&str, f64); 35] = [
+        let fields: [(&str, f64); 37] = [
             ("node", f64::from(self.node.0)),
             ("nprocs", f64::from(self.nprocs)),
             ("msgs_sent", sent.msgs as f64),
@@ -112,6 +116,8 @@ impl Stats {
             ("twins", (p.twins + p.fast_twins + p.twins_ahead) as f64),
             ("twins_ahead", p.twins_ahead as f64),
             ("twins_renewed", p.twins_renewed as f64),
+            ("twin_slots_used", self.twin_slots_used as f64),
+            ("twin_slots_reserved", self.twin_slots_reserved as f64),
             ("diffs_created", p.diffs_created as f64),
             ("diff_bytes_created", p.diff_bytes_created as f64),
             ("diffs_applied", p.diffs_applied as f64),
@@ -155,10 +161,12 @@ impl fmt::Display for Stats {
         )?;
         writeln!(
             f,
-            "  twins: {} ({} made ahead of writes, {} renewed)   diffs created: {} ({} B; 2 MiB chunks {} mapped, {} of them reserved at startup, {} reused)   diffs applied: {} ({} B)",
+            "  twins: {} ({} made ahead of writes, {} renewed; {} pages twinned, {} twin slots backed at startup)   diffs created: {} ({} B; 2 MiB chunks {} mapped, {} of them reserved at startup, {} reused)   diffs applied: {} ({} B)",
             p.twins + p.fast_twins + p.twins_ahead,
             p.twins_ahead,
             p.twins_renewed,
+            self.twin_slots_used,
+            self.twin_slots_reserved,
             p.diffs_created,
             p.diff_bytes_created,
             self.diff_chunks_mapped,

@@ -145,9 +145,10 @@ impl Tmk {
                 fingerprint: config.fingerprint(),
                 timeout: config.connect_timeout,
             };
-            // Diff memory backed now, while the other nodes start too, rather than in the middle
-            // of the computation (`mem/chunk.rs`).
+            // Diff and twin memory backed now, while the other nodes start too, rather than in
+            // the middle of the computation (`mem/chunk.rs`, `Heap::reserve_twins`).
             crate::mem::chunk::reserve(config.diff_reserve_bytes());
+            heap.reserve_twins(config.twin_reserve);
             let mesh = connect_mesh(&mesh_cfg, listener);
             children = watch.take().map(StartupWatch::finish);
             let mesh = mesh?;

@@ -29,10 +29,15 @@
 //!                      │ loads and stores of the application thread only
 //!   runtime view       │ anywhere, always READ|WRITE; HeapPages and the handler's twin copy only
 //!
-//!   twin area (MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, `size` bytes, committed on touch)
+//!   twin area (MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, `size` bytes, huge pages advised)
 //!                 ┌────────┬────────┬────────┬─────┬──────────┐
-//!                 │ twin 0 │ twin 1 │ twin 2 │ ... │ twin n-1 │   twin p at twin_base + p*page_size
+//!                 │ slot 0 │ slot 1 │ slot 2 │ ... │ slot n-1 │   slot s at twin_base + s*page_size
 //!                 └────────┴────────┴────────┴─────┴──────────┘
+//!                 ◄── backed at startup (reserve_twins) ──►      later slots: committed on touch
+//!   twin_slots: [AtomicU32; n]   page p's slot, NO_SLOT until p is first twinned; then fixed.
+//!                 Slots are handed out in the order pages are first twinned (an atomic counter,
+//!                 async-signal-safe), so the twins in use are packed at the start of the area,
+//!                 in memory backed ahead of need, whichever pages of the heap they belong to.
 //!
 //!   states: [AtomicU8; n]   INVALID | READ_ONLY | READ_WRITE | BUSY   (see below)
 //!   ring:   SPSC [u32; n]   pages twinned by the handler, drained by whoever holds the node

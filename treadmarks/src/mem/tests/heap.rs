@@ -212,3 +212,45 @@ fn preparing_twins_backs_the_holes_among_the_pages_without_changing_them() {
     assert_eq!(kept, 42, "preparing changed data");
     assert_eq!(hole, 0, "a backed hole reads as zeros");
 }
+
+/// Whether each of the `n` pages from `addr` is backed by memory.
+fn resident(addr: *mut u8, n: usize) -> Vec<bool> {
+    let page = super::super::heap::system_page_size();
+    let mut vec = vec![0u8; n];
+    // SAFETY: the caller passes a page-aligned range of a live mapping; `vec` has a byte a page.
+    let rc = unsafe { libc::mincore(addr.cast(), n * page, vec.as_mut_ptr()) };
+    assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
+    vec.iter().map(|b| b & 1 == 1).collect()
+}
+
+#[test]
+fn twins_take_slots_in_the_order_pages_are_first_twinned_and_the_reserve_is_backed() {
+    let page = super::super::heap::system_page_size();
+    let heap = Heap::map(layout(42, 16)).unwrap();
+    assert_eq!(heap.reserve_twins(3 * page - 1), 3 * page, "whole slots");
+    assert_eq!(heap.reserve_twins(0), 0);
+    let mut pages = HeapPages(heap.clone());
+    // Distinct bytes in pages 3 and 0 (written while invalid, as the runtime does).
+    for (p, byte) in [(3, 0x33), (0, 0x44)] {
+        pages.set_access(PageIdx(p), 1, Access::None);
+        pages.page_mut(PageIdx(p)).fill(byte);
+        pages.set_access(PageIdx(p), 1, Access::Read);
+    }
+    pages.make_twin(PageIdx(9));
+    let first = heap.twin_page(9);
+    assert_eq!(resident(first, 3), [true; 3], "the reserved slots are backed before use");
+    pages.make_twin(PageIdx(3));
+    pages.make_twin(PageIdx(9));
+    pages.make_twin(PageIdx(0));
+    assert_eq!(heap.twin_page(9), first, "a page keeps its slot");
+    assert_eq!(heap.twin_page(3), first.wrapping_add(page), "slots are packed in twinning order");
+    assert_eq!(heap.twin_page(0), first.wrapping_add(2 * page));
+    assert!(pages.twin(PageIdx(3)).iter().all(|&b| b == 0x33));
+    assert!(pages.twin(PageIdx(0)).iter().all(|&b| b == 0x44));
+    assert!(pages.twin(PageIdx(9)).iter().all(|&b| b == 0));
+    assert_eq!(heap.twin_slots(), (3, 3), "three pages twinned, three slots reserved");
+    let msg = panic_message(catch_unwind(AssertUnwindSafe(|| {
+        heap.twin_page(5);
+    })));
+    assert!(msg.contains("page 5 was never twinned"), "{msg}");
+}
