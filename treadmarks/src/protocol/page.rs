@@ -478,9 +478,11 @@ impl<M: PageMemory> Node<M> {
             self.cut_twin(p, Access::Read);
         }
         // Diffs are kept in the order they were made (rising `seq`), and a page read every
-        // epoch keeps one per epoch until a collection: skip the applied ones by bisection.
+        // epoch keeps one per epoch until a collection, of which the reader usually lacks the
+        // newest only: find the first it lacks from the end (touching only what it gets).
         let kept = &self.pages[p.idx()].diffs;
-        let diffs = kept[kept.partition_point(|d| d.seq <= after_seq)..]
+        let lacked = kept.iter().rev().take_while(|d| d.seq > after_seq).count();
+        let diffs = kept[kept.len() - lacked..]
             .iter()
             .filter(|d| d.first <= want)
             .map(|d| DiffWire { seq: d.seq, first_vt: d.first_vt.clone(), diff: d.diff.clone() })
