@@ -131,6 +131,7 @@ impl<M: PageMemory> Node<M> {
         if st.token {
             st.held = true;
             self.stats.lock_acquires_local += 1;
+            self.held_locks.push(lock);
             self.interval_locks.push(lock);
             self.done.push_back(AppDone::Acquired(lock));
             return Ok(());
@@ -154,6 +155,7 @@ impl<M: PageMemory> Node<M> {
             return Err(ProtocolError::NotHeld { lock });
         }
         self.locks[lock.idx()].held = false;
+        self.held_locks.retain(|&l| l != lock);
         // Releases do not wait for the runtime: the application may be writing already.
         self.close_interval(false);
         if let Some(ask) = self.locks[lock.idx()].next.take() {
@@ -361,6 +363,7 @@ impl<M: PageMemory> Node<M> {
             }
             self.stats.lock_tokens_received += 1;
         }
+        self.held_locks.push(lock);
         self.interval_locks.push(lock);
         self.pending = Pending::None;
         self.done.push_back(AppDone::Acquired(lock));

@@ -99,6 +99,9 @@ pub struct Node<M> {
     pub(crate) locks: Vec<LockState>,
     /// Locks held at some point during the open interval.
     pub(crate) interval_locks: Vec<LockId>,
+    /// Locks held now (those whose `held` is set; a closing interval hands them to the next
+    /// one without scanning every lock).
+    pub(crate) held_locks: Vec<LockId>,
     /// The locks we acquired, and which followed which (wishes for bundled grants).
     pub(crate) lock_history: LockHistory,
     pub(crate) barrier: BarrierEpisode,
@@ -147,6 +150,7 @@ impl<M: PageMemory> Node<M> {
             diff_seq: 0,
             locks,
             interval_locks: Vec::new(),
+            held_locks: Vec::new(),
             lock_history: LockHistory::new(cfg.lock_bundle, cfg.nlocks),
             barrier: BarrierEpisode::new(n),
             sent_to_manager: 0,
@@ -421,7 +425,7 @@ impl<M: PageMemory> Node<M> {
         self.acct.record_bytes += Accounting::record_size(&rec);
         self.log.push(rec);
         self.note_peak();
-        self.interval_locks = self.locks.iter().filter(|l| l.held).map(|l| l.id).collect();
+        self.interval_locks.clone_from(&self.held_locks);
     }
 
     /// Takes in remote interval records (from a lock grant or a barrier): closes our open

@@ -131,7 +131,8 @@ impl<M: PageMemory> Node<M> {
         if twinned.len() <= subscribers.len() {
             candidates.extend(twinned.iter().copied().filter(|p| subscribers.contains_key(p)));
         } else {
-            candidates.extend(subscribers.keys().copied().filter(|p| twinned.contains(p)));
+            // `twinned` holds exactly the pages with a twin: ask the page, not the set.
+            candidates.extend(subscribers.keys().copied().filter(|p| self.pages[p.idx()].twin.is_some()));
         }
         candidates.sort_unstable();
         candidates.dedup();
