@@ -363,9 +363,13 @@ impl<M: PageMemory> Node<M> {
     /// twin carries no information and is not recorded.
     ///
     /// A renewed twin (made when a diff was served, the page left writable, or made ahead of
-    /// writes by a view) may not have been written since, so its page is compared with the twin:
-    /// if unchanged, the twin is dropped and the page write-protected (the next write faults and
-    /// makes a fresh twin), so each renewal is compared once. When the application is `blocked`
+    /// writes by a view) may not have been written since, so its page is compared with the twin.
+    /// Unchanged, the twin still equals the page, so it serves as the next interval's twin and
+    /// the page stays writable; unchanged at that interval's close too, the twin is dropped and
+    /// the page write-protected (the next write faults and makes a fresh twin). A page written
+    /// every other interval (the two grids of Jacobi, SOR's red and black arrays, whose boundary
+    /// pages a push cuts and renews every time) so keeps its twin, instead of being
+    /// write-protected at one close and twinned again by the next view. When the application is `blocked`
     /// (an acquire or a barrier) nothing writes the page meanwhile. At a release the application
     /// is already running again and may be writing it, so those pages are frozen first, one
     /// protection change per run (a write waits in the slow path until the interval is closed),
@@ -373,6 +377,14 @@ impl<M: PageMemory> Node<M> {
     /// for every page a node had served: 1,024 pages invalidated, cut and asked for again by the
     /// next acquirer of the queue's lock, for nothing.
     pub(crate) fn close_interval(&mut self, blocked: bool) {
+        if matches!(self.pending, Pending::Barrier(_)) {
+            // A barrier's release: our arrival closed the interval and the application has been
+            // blocked since, so it wrote nothing and every twin opened since (a push renewing
+            // it) still equals its page. Nothing to record; the twins stay for the interval the
+            // release opens (comparing them here found them unchanged and dropped them, so the
+            // next view twinned the pushed pages again, every barrier).
+            return;
+        }
         let index = self.open_interval();
         let mut fresh = Vec::new();
         let mut unchanged = Vec::new();
@@ -396,21 +408,34 @@ impl<M: PageMemory> Node<M> {
                 fresh.push(p);
             }
         }
-        let rewritable: Vec<PageIdx> =
-            fresh.iter().copied().filter(|p| frozen.binary_search(p).is_ok()).collect();
+        let (dropped, kept): (Vec<PageIdx>, Vec<PageIdx>) =
+            unchanged.into_iter().partition(|p| self.pages[p.idx()].idle);
+        let mut rewritable: Vec<PageIdx> =
+            fresh.iter().chain(&kept).copied().filter(|p| frozen.binary_search(p).is_ok()).collect();
+        rewritable.sort_unstable();
         self.set_access_in_runs(rewritable, Access::ReadWrite);
-        for &p in &unchanged {
+        for &p in &dropped {
             let meta = &mut self.pages[p.idx()];
             meta.twin = None;
             meta.renewed = false;
+            meta.idle = false;
             self.twinned.remove(&p);
         }
-        self.set_access_in_runs(unchanged, Access::Read);
+        self.set_access_in_runs(dropped, Access::Read);
+        // The interval opened next: this one's successor if it is recorded, else this one again.
+        let next = if fresh.is_empty() { index } else { index + 1 };
+        for &p in &kept {
+            let meta = &mut self.pages[p.idx()];
+            meta.twin = Some(next);
+            meta.idle = true;
+            self.opened_twins.push(p);
+        }
         if fresh.is_empty() {
             return;
         }
         for &p in &fresh {
             self.pages[p.idx()].renewed = false;
+            self.pages[p.idx()].idle = false;
         }
         self.vt.set(self.me, index);
         let rec = IntervalRecord {

@@ -86,6 +86,9 @@ pub struct PageMeta {
     /// The twin was renewed when a diff was served (the page stayed writable), so the page may
     /// not have been written since: compare before noticing it.
     pub renewed: bool,
+    /// A renewed twin found unchanged at one interval's close, kept as the next interval's twin:
+    /// unchanged at that one's close too, it is dropped. Meaningful only while `renewed`.
+    pub idle: bool,
     /// Per writer, indexed by node; empty until a notice arrives.
     pub writers: Vec<WriterState>,
     /// Our own diffs of the page, oldest first (`seq` rises along the list).
@@ -179,6 +182,7 @@ impl<M: PageMemory> Node<M> {
         let Some(first) = self.pages[p.idx()].twin.take() else { return then };
         let hot = then == Access::Read && was_writable && first >= self.vt.get(self.me);
         self.pages[p.idx()].renewed = false;
+        self.pages[p.idx()].idle = false;
         self.twinned.remove(&p);
         let diff = Diff::make(self.mem.twin(p), self.mem.page(p));
         let end = if hot {
@@ -318,6 +322,7 @@ impl<M: PageMemory> Node<M> {
             let meta = &mut self.pages[p.idx()];
             meta.twin = Some(open);
             meta.renewed = true;
+            meta.idle = false;
             self.twinned.insert(p);
             self.opened_twins.push(p);
             twinned.push(p);
