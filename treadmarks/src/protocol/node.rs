@@ -369,11 +369,11 @@ impl<M: PageMemory> Node<M> {
     /// the page write-protected (the next write faults and makes a fresh twin). A page written
     /// every other interval (the two grids of Jacobi, SOR's red and black arrays, whose boundary
     /// pages a push cuts and renews every time) so keeps its twin, instead of being
-    /// write-protected at one close and twinned again by the next view. When the application is `blocked`
-    /// (an acquire or a barrier) nothing writes the page meanwhile. At a release the application
-    /// is already running again and may be writing it, so those pages are frozen first, one
-    /// protection change per run (a write waits in the slow path until the interval is closed),
-    /// and changed ones are made writable again. Noticing them unseen instead cost qsort a notice
+    /// write-protected at one close and twinned again by the next view. When the application is
+    /// `blocked` (an acquire or a barrier) nothing writes the page meanwhile. At a release the
+    /// application is already running again and may be writing it, so those pages are frozen
+    /// first, one protection change per run (a write waits in the slow path until the interval is
+    /// closed), and changed ones (and kept ones) are made writable again. Noticing them unseen instead cost qsort a notice
     /// for every page a node had served: 1,024 pages invalidated, cut and asked for again by the
     /// next acquirer of the queue's lock, for nothing.
     pub(crate) fn close_interval(&mut self, blocked: bool) {
