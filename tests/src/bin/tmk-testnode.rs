@@ -353,12 +353,13 @@ fn gc_long(tmk: &mut Tmk) -> R {
     // Diff memory is backed at startup, as much as a node holds before a collection (the
     // threshold and a chunk, unless TMK_DIFF_RESERVE says otherwise); collections hand it back
     // for reuse, so the run maps no more than the chunks in use at once.
-    const CHUNK: u64 = 2 << 20;
+    use treadmarks::mem::chunk::{CHUNK, POOL_CHUNKS};
+    const CHUNK_BYTES: u64 = CHUNK as u64;
     let reserve = std::env::var("TMK_DIFF_RESERVE")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(threshold.saturating_add(CHUNK));
-    let reserved = reserve.div_ceil(CHUNK).min(32);
+        .unwrap_or(threshold.saturating_add(CHUNK_BYTES));
+    let reserved = reserve.div_ceil(CHUNK_BYTES).min(POOL_CHUNKS as u64);
     check(s.diff_chunks_reserved == reserved, || {
         format!("{} diff chunks reserved, want {reserved} for {reserve} B", s.diff_chunks_reserved)
     })?;

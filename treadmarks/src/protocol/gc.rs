@@ -184,7 +184,6 @@ impl<M: PageMemory> Node<M> {
         for &p in &twinned {
             self.pages[p.idx()].twin = None;
             self.pages[p.idx()].renewed = false;
-            self.pages[p.idx()].idle = false;
         }
         self.set_access_in_runs(twinned, Access::Read);
         for p in &round.pages {

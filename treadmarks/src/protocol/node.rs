@@ -373,9 +373,9 @@ impl<M: PageMemory> Node<M> {
     /// `blocked` (an acquire or a barrier) nothing writes the page meanwhile. At a release the
     /// application is already running again and may be writing it, so those pages are frozen
     /// first, one protection change per run (a write waits in the slow path until the interval is
-    /// closed), and changed ones (and kept ones) are made writable again. Noticing them unseen instead cost qsort a notice
-    /// for every page a node had served: 1,024 pages invalidated, cut and asked for again by the
-    /// next acquirer of the queue's lock, for nothing.
+    /// closed), and changed and kept ones are made writable again. Noticing them unseen instead
+    /// cost qsort a notice for every page a node had served: 1,024 pages invalidated, cut and
+    /// asked for again by the next acquirer of the queue's lock, for nothing.
     pub(crate) fn close_interval(&mut self, blocked: bool) {
         if matches!(self.pending, Pending::Barrier(_)) {
             // A barrier's release: our arrival closed the interval and the application has been
@@ -418,7 +418,6 @@ impl<M: PageMemory> Node<M> {
             let meta = &mut self.pages[p.idx()];
             meta.twin = None;
             meta.renewed = false;
-            meta.idle = false;
             self.twinned.remove(&p);
         }
         self.set_access_in_runs(dropped, Access::Read);
@@ -435,7 +434,6 @@ impl<M: PageMemory> Node<M> {
         }
         for &p in &fresh {
             self.pages[p.idx()].renewed = false;
-            self.pages[p.idx()].idle = false;
         }
         self.vt.set(self.me, index);
         let rec = IntervalRecord {

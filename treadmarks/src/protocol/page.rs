@@ -87,7 +87,8 @@ pub struct PageMeta {
     /// not have been written since: compare before noticing it.
     pub renewed: bool,
     /// A renewed twin found unchanged at one interval's close, kept as the next interval's twin:
-    /// unchanged at that one's close too, it is dropped. Meaningful only while `renewed`.
+    /// unchanged at that one's close too, it is dropped. Read only while `renewed`, and cleared
+    /// wherever a twin is renewed.
     pub idle: bool,
     /// Per writer, indexed by node; empty until a notice arrives.
     pub writers: Vec<WriterState>,
@@ -182,13 +183,13 @@ impl<M: PageMemory> Node<M> {
         let Some(first) = self.pages[p.idx()].twin.take() else { return then };
         let hot = then == Access::Read && was_writable && first >= self.vt.get(self.me);
         self.pages[p.idx()].renewed = false;
-        self.pages[p.idx()].idle = false;
         self.twinned.remove(&p);
         let diff = Diff::make(self.mem.twin(p), self.mem.page(p));
         let end = if hot {
             self.mem.make_twin(p);
             self.pages[p.idx()].twin = Some(self.open_interval());
             self.pages[p.idx()].renewed = true;
+            self.pages[p.idx()].idle = false;
             self.twinned.insert(p);
             self.opened_twins.push(p);
             self.stats.twins_renewed += 1;

@@ -133,7 +133,7 @@ impl<M: PageMemory> Node<M> {
         if twinned.len() <= subscribers.len() {
             candidates.extend(twinned.iter().copied().filter(|p| subscribers.contains_key(p) && cuttable(p)));
         } else {
-            // `twinned` holds exactly the pages with a twin: ask the page, not the set.
+            // `twinned` holds exactly the pages with a twin: ask each page's twin, not the set.
             candidates.extend(subscribers.keys().copied().filter(cuttable));
         }
         candidates.sort_unstable();
