@@ -106,7 +106,7 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let p = &self.protocol;
         let sent = self.sent();
-        let fields: [(&str, f64); 37] = [
+        let fields: [(&str, f64); 39] = [
             ("node", f64::from(self.node.0)),
             ("nprocs", f64::from(self.nprocs)),
             ("msgs_sent", sent.msgs as f64),
@@ -144,6 +144,8 @@ impl Stats {
             ("gc_time_ms", ms(self.gc_time)),
             ("peak_consistency_bytes", p.peak_consistency_bytes as f64),
             ("pages_fetched_whole", p.page_requests_sent as f64),
+            ("pages_backed", p.pages_backed as f64),
+            ("pages_backed_mapped", p.pages_backed_mapped as f64),
         ];
         let body: Vec<String> = fields.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
         format!("{{{}}}", body.join(","))
@@ -210,7 +212,9 @@ impl fmt::Display for Stats {
         )?;
         writeln!(
             f,
-            "  collections: {}   time {:.3} ms   reclaimed {} B   stale copies dropped {}   pages fetched whole {}   consistency data {} B (peak {} B)",
+            "  heap pages backed at barriers: {} ({} of them mapped)   collections: {}   time {:.3} ms   reclaimed {} B   stale copies dropped {}   pages fetched whole {}   consistency data {} B (peak {} B)",
+            p.pages_backed,
+            p.pages_backed_mapped,
             p.collections,
             ms(self.gc_time),
             p.gc_bytes_reclaimed,

@@ -160,6 +160,24 @@ impl PageMemory for HeapPages {
         page == twin
     }
 
+    fn back(&mut self, first: PageIdx, count: u32) -> u32 {
+        let heap = &*self.0;
+        let end = u64::from(first.0) + u64::from(count);
+        assert!(
+            end <= u64::from(heap.npages()),
+            "back({first}, {count}): the heap has {} pages",
+            heap.npages()
+        );
+        // Own the pages, as `set_state` does, so that the handler does not change one meanwhile.
+        let states: Vec<u8> =
+            (first.0..first.0 + count).map(|p| state::acquire_busy(heap.state(p))).collect();
+        let mapped = heap.back(first.0, count, &states);
+        for (p, s) in (first.0..).zip(states) {
+            heap.state(p).store(s, Ordering::Release);
+        }
+        mapped
+    }
+
     fn prepare_twins(&mut self, pages: &[PageIdx]) {
         for &p in pages {
             self.check(p);

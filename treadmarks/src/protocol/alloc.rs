@@ -10,12 +10,19 @@ use std::collections::BTreeMap;
 pub struct Allocator {
     free: BTreeMap<u64, u64>,
     live: BTreeMap<u64, u64>,
+    /// The end of the highest allocation ever made.
+    high_water: u64,
 }
 
 impl Allocator {
     /// An allocator for a heap of `size` bytes.
     pub fn new(size: u64) -> Self {
-        Allocator { free: BTreeMap::from([(0, size)]), live: BTreeMap::new() }
+        Allocator { free: BTreeMap::from([(0, size)]), live: BTreeMap::new(), high_water: 0 }
+    }
+
+    /// The end of the highest allocation ever made: no byte at or past it was ever handed out.
+    pub fn high_water(&self) -> u64 {
+        self.high_water
     }
 
     /// Allocates `bytes` aligned to `align` (a power of two); returns the offset.
@@ -39,6 +46,7 @@ impl Allocator {
             self.free.insert(at + bytes, start + len - at - bytes);
         }
         self.live.insert(at, bytes);
+        self.high_water = self.high_water.max(at + bytes);
         Ok(at)
     }
 
@@ -79,7 +87,9 @@ mod tests {
         a.free(y).unwrap();
         a.free(x).unwrap();
         a.free(z).unwrap();
+        assert_eq!(a.high_water(), y + 4096, "frees keep the mark");
         assert_eq!(a.alloc(1 << 20, 8).unwrap(), 0, "everything coalesced");
+        assert_eq!(a.high_water(), 1 << 20);
     }
 
     #[test]

@@ -5,6 +5,10 @@
 //! for all `nprocs` arrivals, incorporates every interval, and answers each node with exactly the
 //! intervals newer than the timestamp it arrived with. All arrivals of one episode must name the
 //! same barrier id; a node at another barrier is a [`ProtocolError::BarrierMismatch`].
+//!
+//! The manager also keeps the allocator: its release carries the end of the highest allocation so
+//! far, and every node backs the heap below it with memory before it leaves the barrier
+//! ([`Node::back_heap`]).
 
 use super::ProtocolError;
 use super::ids::{BarrierId, NodeId};
@@ -46,6 +50,10 @@ impl<M: PageMemory> Node<M> {
         self.sent_to_manager = mine;
         self.pending = Pending::Barrier(barrier);
         self.note_peak();
+        // The manager backs what has been allocated while it waits for the others to arrive.
+        if let Some(end) = self.allocator.as_ref().map(|a| a.high_water()) {
+            self.back_heap(end);
+        }
         let msg = Message::BarrierArrive { barrier, vt: self.vt.clone(), intervals, gc: self.wants_gc() };
         self.outbox.push_back((NodeId(0), msg));
         self.deliver_local()
@@ -85,6 +93,8 @@ impl<M: PageMemory> Node<M> {
         let gc = std::mem::take(&mut self.barrier.gc);
         self.barrier.barrier = None;
         self.incorporate(self.me, records)?;
+        let heap_end = self.allocator.as_ref().map_or(0, |a| a.high_water());
+        self.back_heap(heap_end);
         for (i, vt) in arrived.into_iter().enumerate() {
             let to = NodeId(i as u16);
             if to == self.me {
@@ -92,7 +102,7 @@ impl<M: PageMemory> Node<M> {
             }
             let vt = vt.expect("all arrived");
             let intervals = self.log.newer_than(&vt);
-            self.outbox.push_back((to, Message::BarrierRelease { barrier, intervals, gc }));
+            self.outbox.push_back((to, Message::BarrierRelease { barrier, intervals, gc, heap_end }));
         }
         if gc {
             return self.start_gc(barrier);
@@ -114,6 +124,7 @@ impl<M: PageMemory> Node<M> {
         barrier: BarrierId,
         intervals: Vec<IntervalRecord>,
         gc: bool,
+        heap_end: u64,
     ) -> Result<(), ProtocolError> {
         if from != NodeId(0)
             || !matches!(self.pending, Pending::Barrier(b) if b == barrier)
@@ -122,6 +133,7 @@ impl<M: PageMemory> Node<M> {
             return Err(ProtocolError::Unexpected { from, what: format!("release of {barrier}") });
         }
         self.incorporate(from, intervals)?;
+        self.back_heap(heap_end);
         if gc {
             return self.start_gc(barrier);
         }

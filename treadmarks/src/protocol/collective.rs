@@ -1,8 +1,13 @@
 //! Allocation (node 0 keeps the allocator), `distribute` (node 0 broadcasts a value), the exit
 //! rendezvous and the ping probe. None of these touch consistency state.
+//!
+//! Backing allocated memory: at each barrier every node backs the heap pages below the end of
+//! the highest allocation so far with memory ([`Node::back_heap`]), so that the computation after
+//! the barrier does not pay for their first touch. Invariant: pages `0..backed_pages` have been
+//! backed; a page is backed at most once (memory freed and allocated again stays backed).
 
 use super::ProtocolError;
-use super::ids::NodeId;
+use super::ids::{NodeId, PageIdx};
 use super::memory::PageMemory;
 use super::msg::Message;
 use super::node::{AppDone, Node, Pending};
@@ -17,6 +22,25 @@ impl<M: PageMemory> Node<M> {
         self.pending = Pending::Alloc;
         self.outbox.push_back((ROOT, Message::AllocRequest { bytes, align }));
         self.deliver_local()
+    }
+
+    /// Backs the heap pages below byte `heap_end` not backed yet (see the module docs and
+    /// [`PageMemory::back`]): applications allocate and initialize before the barrier that starts
+    /// their computation, which then finds the pages it reads from other nodes, and those it
+    /// writes first, already in memory. Off with `back_heap == false`.
+    pub(crate) fn back_heap(&mut self, heap_end: u64) {
+        if !self.cfg.back_heap {
+            return;
+        }
+        let page = self.mem.page_size() as u64;
+        let end = heap_end.div_ceil(page).min(u64::from(self.mem.npages())) as u32;
+        if end > self.backed_pages {
+            let count = end - self.backed_pages;
+            let mapped = self.mem.back(PageIdx(self.backed_pages), count);
+            self.stats.pages_backed += u64::from(count);
+            self.stats.pages_backed_mapped += u64::from(mapped);
+            self.backed_pages = end;
+        }
     }
 
     /// Frees the allocation at heap offset `offset`; completes with [`AppDone::Freed`].

@@ -54,6 +54,12 @@ pub trait PageMemory {
     /// About to twin `pages` (ascending) one by one: a chance to prepare them together (the heap
     /// backs pages nobody touched yet with memory in one call). Changes no byte.
     fn prepare_twins(&mut self, _pages: &[PageIdx]) {}
+    /// Backs pages `first .. first + count` with memory ahead of their first touch (the heap
+    /// allocates them and maps the valid ones, see `Heap::back`). Changes no byte and no
+    /// protection. Returns the pages made accessible without a fault.
+    fn back(&mut self, _first: PageIdx, _count: u32) -> u32 {
+        0
+    }
     /// True if page `p` equals its twin (nothing written since the twin was made). May be called
     /// on a `ReadWrite` page only while the application thread is inside a synchronization call,
     /// so that nothing writes the page meanwhile.
@@ -68,6 +74,8 @@ pub struct VecMemory {
     pages: Vec<Vec<u8>>,
     twins: Vec<Option<Vec<u8>>>,
     access: Vec<Access>,
+    /// How many times [`PageMemory::back`] covered each page.
+    backed: Vec<u32>,
 }
 
 impl VecMemory {
@@ -78,7 +86,13 @@ impl VecMemory {
             pages: vec![vec![0; page_size]; npages as usize],
             twins: vec![None; npages as usize],
             access: vec![access; npages as usize],
+            backed: vec![0; npages as usize],
         }
+    }
+
+    /// How many times [`PageMemory::back`] covered page `p`.
+    pub fn times_backed(&self, p: PageIdx) -> u32 {
+        self.backed[p.idx()]
     }
 
     /// The application's view of a page: what a load would see. Panics if the page is invalid
@@ -142,5 +156,12 @@ impl PageMemory for VecMemory {
 
     fn same_as_twin(&self, p: PageIdx) -> bool {
         self.twins[p.idx()].as_deref() == Some(&self.pages[p.idx()][..])
+    }
+
+    fn back(&mut self, first: PageIdx, count: u32) -> u32 {
+        let pages = first.idx()..first.idx() + count as usize;
+        self.backed[pages.clone()].iter_mut().for_each(|b| *b += 1);
+        // As the heap maps them: the valid pages.
+        self.access[pages].iter().filter(|&&a| a != Access::None).count() as u32
     }
 }

@@ -84,7 +84,8 @@ pub enum Message {
     /// `gc`: the client's consistency data is over the threshold (or it asked to collect).
     BarrierArrive { barrier: BarrierId, vt: VectorTime, intervals: Vec<IntervalRecord>, gc: bool },
     /// Barrier manager → client: every interval the client lacks; `gc`: this barrier collects.
-    BarrierRelease { barrier: BarrierId, intervals: Vec<IntervalRecord>, gc: bool },
+    /// `heap_end`: the end of the highest allocation so far (`Node::back_heap`).
+    BarrierRelease { barrier: BarrierId, intervals: Vec<IntervalRecord>, gc: bool, heap_end: u64 },
     /// Node → barrier manager: I have validated every page I must keep (collecting barrier).
     GcDone,
     /// Barrier manager → all: everybody has validated; drop consistency data and go on.

@@ -41,6 +41,8 @@ pub struct NodeConfig {
     /// Most lock tokens one grant passes along unasked, and most locks a request wishes for
     /// (`lock_history.rs`); 0: every lock is requested on its own. Nodes may differ.
     pub lock_bundle: usize,
+    /// Back the heap's allocated pages with memory at barriers (`Node::back_heap`).
+    pub back_heap: bool,
 }
 
 /// Completion of the application's pending request.
@@ -108,6 +110,8 @@ pub struct Node<M> {
     /// Our newest interval the barrier manager has been sent.
     pub(crate) sent_to_manager: IntervalIdx,
     pub(crate) allocator: Option<Allocator>,
+    /// Pages `0..backed_pages` have been backed with memory (`Node::back_heap`).
+    pub(crate) backed_pages: u32,
     pub(crate) distribute_seq: u64,
     pub(crate) distributed: VecDeque<(u64, Vec<u8>)>,
     pub(crate) exit_arrived: Vec<bool>,
@@ -155,6 +159,7 @@ impl<M: PageMemory> Node<M> {
             barrier: BarrierEpisode::new(n),
             sent_to_manager: 0,
             allocator: (me == NodeId(0)).then(|| Allocator::new(cfg.heap_size)),
+            backed_pages: 0,
             distribute_seq: 0,
             distributed: VecDeque::new(),
             exit_arrived: vec![false; n],
@@ -279,8 +284,8 @@ impl<M: PageMemory> Node<M> {
             Message::BarrierArrive { barrier, vt, intervals, gc } => {
                 self.handle_barrier_arrive(from, barrier, vt, intervals, gc)
             }
-            Message::BarrierRelease { barrier, intervals, gc } => {
-                self.handle_barrier_release(from, barrier, intervals, gc)
+            Message::BarrierRelease { barrier, intervals, gc, heap_end } => {
+                self.handle_barrier_release(from, barrier, intervals, gc, heap_end)
             }
             Message::DiffRequest { asks } => {
                 for a in &asks {

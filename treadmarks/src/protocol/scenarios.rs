@@ -32,6 +32,7 @@ impl Net {
                     gc_threshold: u64::MAX,
                     push: true,
                     lock_bundle,
+                    back_heap: true,
                 };
                 let access = if n == 1 { Access::ReadWrite } else { Access::Read };
                 Node::new(cfg, VecMemory::new(npages, PAGE, access))
@@ -332,6 +333,7 @@ fn bad_input_from_a_peer_is_an_error_not_a_panic() {
     ));
     let gap = Message::BarrierRelease {
         barrier: BarrierId(0),
+        heap_end: 0,
         intervals: vec![IntervalRecord {
             node: NodeId(1),
             index: 3,
@@ -489,4 +491,57 @@ fn a_barrier_looks_only_at_subscribed_pages_that_changed() {
     net.barrier();
     assert_eq!(net.nodes[0].push.examined, before + 1, "one written page, one look");
     assert_eq!(net.read(1, 7, 0), 2);
+}
+
+/// Allocates `bytes` for node `i` (through node 0's allocator); returns the offset.
+fn alloc(net: &mut Net, i: usize, bytes: u64, align: u64) -> u64 {
+    net.nodes[i].request_alloc(bytes, align).unwrap();
+    net.settle();
+    match net.done(i) {
+        Some(AppDone::Allocated(Ok(at))) => at,
+        other => panic!("allocation answered {other:?}"),
+    }
+}
+
+#[test]
+fn barriers_back_the_heap_allocated_so_far_once_on_every_node() {
+    let mut net = Net::with_pages(3, 8);
+    let backed = |net: &Net, i: usize| -> Vec<u32> {
+        (0..8).map(|p| net.nodes[i].mem().times_backed(PageIdx(p))).collect()
+    };
+    assert_eq!(alloc(&mut net, 2, 3 * PAGE as u64 + 1, 8), 0);
+    // Node 0 writes page 1, so the others take the barrier with page 1 invalid.
+    net.write(0, 1, 0, 7);
+    net.barrier();
+    for i in 0..3 {
+        assert_eq!(backed(&net, i), [1, 1, 1, 1, 0, 0, 0, 0], "node {i}");
+        let s = net.nodes[i].stats();
+        assert_eq!((s.pages_backed, s.pages_backed_mapped), (4, if i == 0 { 4 } else { 3 }), "node {i}");
+    }
+    // Nothing new allocated: nothing more backed.
+    net.barrier();
+    assert!((0..3).all(|i| backed(&net, i) == [1, 1, 1, 1, 0, 0, 0, 0]));
+    // Freed memory stays backed; a new allocation beyond it is backed at the next barrier only.
+    net.nodes[1].request_free(0).unwrap();
+    net.settle();
+    assert_eq!(net.done(1), Some(AppDone::Freed(Ok(()))));
+    assert_eq!(alloc(&mut net, 1, 6 * PAGE as u64, PAGE as u64), 0);
+    assert!((0..3).all(|i| backed(&net, i) == [1, 1, 1, 1, 0, 0, 0, 0]));
+    net.barrier();
+    for i in 0..3 {
+        assert_eq!(backed(&net, i), [1, 1, 1, 1, 1, 1, 0, 0], "node {i}");
+        assert_eq!(net.nodes[i].stats().pages_backed, 6);
+    }
+    assert_eq!(net.read(2, 1, 0), 7, "backing changed no byte");
+}
+
+#[test]
+fn a_release_naming_a_heap_end_past_the_heap_backs_only_the_heap() {
+    let mut net = Net::with_pages(2, 8);
+    net.nodes[1].request_barrier(BarrierId(0)).unwrap();
+    let release =
+        Message::BarrierRelease { barrier: BarrierId(0), intervals: vec![], gc: false, heap_end: u64::MAX };
+    net.nodes[1].handle_message(NodeId(0), release).unwrap();
+    assert_eq!(net.done(1), Some(AppDone::BarrierPassed(BarrierId(0))));
+    assert_eq!(net.nodes[1].stats().pages_backed, 8);
 }

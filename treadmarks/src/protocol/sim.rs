@@ -203,6 +203,7 @@ impl Sim {
                     gc_threshold: s.gc_threshold,
                     push: s.push,
                     lock_bundle: s.lock_bundle,
+                    back_heap: true,
                 };
                 let node = Node::new(cfg, VecMemory::new(npages, PAGE, access));
                 SimNode { node, prog, pc: 0, blocked: false, fast_twins: Vec::new(), exited: false }

@@ -58,6 +58,10 @@ pub struct ProtocolStats {
     pub collections: u64,
     pub pages_dropped: u64,
     pub gc_bytes_reclaimed: u64,
+    /// Heap pages backed with memory at barriers ahead of their first touch, and those of them
+    /// mapped so that the first touch takes no fault (`Node::back_heap`).
+    pub pages_backed: u64,
+    pub pages_backed_mapped: u64,
     /// Most consistency data (records, notices, twins, diffs) held at once, in bytes.
     pub peak_consistency_bytes: u64,
 }
@@ -98,6 +102,8 @@ impl std::ops::AddAssign<&ProtocolStats> for ProtocolStats {
         self.collections += o.collections;
         self.pages_dropped += o.pages_dropped;
         self.gc_bytes_reclaimed += o.gc_bytes_reclaimed;
+        self.pages_backed += o.pages_backed;
+        self.pages_backed_mapped += o.pages_backed_mapped;
         self.peak_consistency_bytes = self.peak_consistency_bytes.max(o.peak_consistency_bytes);
     }
 }

@@ -125,6 +125,43 @@ fn pages_made_writable_ahead_take_no_fault(backend: FaultBackend, test: &str) {
     .assert_success();
 }
 
+/// Minor page faults this process has taken so far.
+fn minor_faults() -> i64 {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: `usage` is a live, writable `rusage`; RUSAGE_SELF is always valid.
+    assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) }, 0);
+    // SAFETY: filled in by the successful call above (and zeroed before it).
+    unsafe { usage.assume_init() }.ru_minflt
+}
+
+fn backed_pages_exist_and_are_read_without_a_fault(backend: FaultBackend, test: &str) {
+    run_in_child(test, || {
+        let heap = map(layout(19, 16), backend).unwrap();
+        let ps = heap.page_size();
+        let bell = Doorbell::new().unwrap();
+        let mut pages = HeapPages(heap.clone());
+        // Page 2 was fetched (mapped, write-protected); page 5 is invalid, with data.
+        fill_read_only(&mut pages, 2, 0xaa);
+        fill_read_only(&mut pages, 5, 0xbb);
+        pages.set_access(PageIdx(5), 1, Access::None);
+        let _handler = FaultHandler::install(heap.clone(), bell.clone()).unwrap();
+        let mapped = pages.back(PageIdx(0), 8);
+        // uffd maps the valid pages not mapped yet; mprotect populates every valid one.
+        assert_eq!(mapped, if backend == FaultBackend::Uffd { 6 } else { 7 });
+        assert_eq!(heap.backed_bytes(), 8 * ps as u64, "every page of the range allocated");
+        let before = minor_faults();
+        let read: Vec<u8> = [0, 1, 2, 3, 4, 6, 7].iter().map(|&p| app_read(&heap, p * ps + 9)).collect();
+        assert_eq!(minor_faults() - before, 0, "reading backed pages faulted");
+        assert_eq!(read, [0, 0, 0xaa, 0, 0, 0, 0], "backing changed bytes");
+        assert_eq!(pages.access(PageIdx(5)), Access::None, "backing changed a protection");
+        assert_eq!(pages.page_mut(PageIdx(5))[9], 0xbb);
+        let c = heap.counters();
+        assert_eq!((c.fast_write_faults, c.handoffs, c.minor_maps), (0, 0, 0), "{c:?}");
+        assert_eq!(pages.back(PageIdx(8), 0), 0, "an empty range");
+    })
+    .assert_success();
+}
+
 fn slow_path_hands_the_fault_to_the_service_thread(backend: FaultBackend, test: &str) {
     run_in_child(test, || {
         let heap = map(layout(11, 16), backend).unwrap();
@@ -332,6 +369,7 @@ macro_rules! on_both_backends {
 on_both_backends!(
     fast_path_twins_a_write_to_a_read_only_page,
     pages_made_writable_ahead_take_no_fault,
+    backed_pages_exist_and_are_read_without_a_fault,
     slow_path_hands_the_fault_to_the_service_thread,
     fault_from_another_thread_aborts_with_a_message,
     fault_outside_the_heap_chains_to_the_default_action,
