@@ -6,9 +6,18 @@
 //! intervals newer than the timestamp it arrived with. All arrivals of one episode must name the
 //! same barrier id; a node at another barrier is a [`ProtocolError::BarrierMismatch`].
 //!
+//! Pushes (`push.rs`) leave *after* the arrival: a node decides at its arrival which subscribers
+//! it pushes to and names them in the arrival, which goes out at once; it cuts and sends the
+//! pushes afterwards ([`Node::run_deferred`]), while the arrival travels and the manager handles
+//! it. The manager tells each node, in its release, who pushes to it. A node passes the barrier
+//! once it has the release (or, the manager, every arrival), every push announced to it, and has
+//! sent its own pushes, so a push is in hand before the application can touch its pages, as when
+//! pushes went out before the arrival. A collecting barrier waits for no push: collections drop
+//! pushes.
+//!
 //! The manager also keeps the allocator: its release carries the end of the highest allocation so
 //! far, and every node backs the heap below it with memory before it leaves the barrier
-//! ([`Node::back_heap`]).
+//! (`Node::back_heap`).
 
 use super::ProtocolError;
 use super::ids::{BarrierId, NodeId};
@@ -26,12 +35,28 @@ pub struct BarrierEpisode {
     records: Vec<IntervalRecord>,
     /// Some node asked this barrier to collect.
     gc: bool,
+    /// `pushed_by[n]`: the nodes that announced a push to node `n`.
+    pushed_by: Vec<Vec<NodeId>>,
 }
 
 impl BarrierEpisode {
     pub(crate) fn new(n: usize) -> Self {
-        BarrierEpisode { barrier: None, arrived: vec![None; n], records: Vec::new(), gc: false }
+        BarrierEpisode {
+            barrier: None,
+            arrived: vec![None; n],
+            records: Vec::new(),
+            gc: false,
+            pushed_by: vec![Vec::new(); n],
+        }
     }
+}
+
+/// A barrier this node may pass once the pushes announced to it have come and its own are sent.
+#[derive(Debug, Clone)]
+pub(crate) struct Passing {
+    barrier: BarrierId,
+    /// Announced pushers whose push has not come yet.
+    waiting: Vec<NodeId>,
 }
 
 impl<M: PageMemory> Node<M> {
@@ -42,7 +67,7 @@ impl<M: PageMemory> Node<M> {
         }
         self.begin("barrier")?;
         self.close_interval(true);
-        self.push_to_subscribers();
+        let pushes = self.plan_push();
         let mine = self.vt.get(self.me);
         let intervals = (self.sent_to_manager + 1..=mine)
             .map(|i| self.log.get(self.me, i).expect("own interval in log").clone())
@@ -54,9 +79,26 @@ impl<M: PageMemory> Node<M> {
         if let Some(end) = self.allocator.as_ref().map(|a| a.high_water()) {
             self.back_heap(end);
         }
-        let msg = Message::BarrierArrive { barrier, vt: self.vt.clone(), intervals, gc: self.wants_gc() };
+        let msg =
+            Message::BarrierArrive { barrier, vt: self.vt.clone(), intervals, gc: self.wants_gc(), pushes };
         self.outbox.push_back((NodeId(0), msg));
         self.deliver_local()
+    }
+
+    /// Work left for after this node's messages are on their way: the pushes planned at its
+    /// barrier arrival. The runtime calls [`Node::run_deferred`] once it has sent them.
+    pub fn has_deferred(&self) -> bool {
+        self.push_planned()
+    }
+
+    /// Cuts and queues the pushes planned at this node's barrier arrival, then passes the
+    /// barrier if nothing else holds it.
+    pub fn run_deferred(&mut self) -> Result<(), ProtocolError> {
+        if self.push_planned() {
+            self.send_planned_push();
+            self.try_pass();
+        }
+        Ok(())
     }
 
     pub(crate) fn handle_barrier_arrive(
@@ -66,9 +108,16 @@ impl<M: PageMemory> Node<M> {
         vt: VectorTime,
         intervals: Vec<IntervalRecord>,
         gc: bool,
+        pushes: Vec<NodeId>,
     ) -> Result<(), ProtocolError> {
         if self.me != NodeId(0) || vt.len() != self.nprocs() || self.barrier.arrived[from.idx()].is_some() {
             return Err(ProtocolError::Unexpected { from, what: format!("arrival at {barrier}") });
+        }
+        if let Some(bad) = pushes.iter().find(|n| n.idx() >= self.nprocs() || **n == from) {
+            return Err(ProtocolError::Unexpected {
+                from,
+                what: format!("arrival announcing a push to {bad}"),
+            });
         }
         let ep = &mut self.barrier;
         match ep.barrier {
@@ -80,6 +129,11 @@ impl<M: PageMemory> Node<M> {
         ep.arrived[from.idx()] = Some(vt);
         ep.records.extend(intervals);
         ep.gc |= gc;
+        for to in pushes {
+            if !ep.pushed_by[to.idx()].contains(&from) {
+                ep.pushed_by[to.idx()].push(from);
+            }
+        }
         if ep.arrived.iter().all(Option::is_some) {
             self.complete_barrier(barrier)?;
         }
@@ -90,6 +144,7 @@ impl<M: PageMemory> Node<M> {
         let n = self.nprocs();
         let records = std::mem::take(&mut self.barrier.records);
         let arrived = std::mem::replace(&mut self.barrier.arrived, vec![None; n]);
+        let mut pushed_by = std::mem::replace(&mut self.barrier.pushed_by, vec![Vec::new(); n]);
         let gc = std::mem::take(&mut self.barrier.gc);
         self.barrier.barrier = None;
         self.incorporate(self.me, records)?;
@@ -102,13 +157,45 @@ impl<M: PageMemory> Node<M> {
             }
             let vt = vt.expect("all arrived");
             let intervals = self.log.newer_than(&vt);
-            self.outbox.push_back((to, Message::BarrierRelease { barrier, intervals, gc, heap_end }));
+            let pushed_by = std::mem::take(&mut pushed_by[i]);
+            self.outbox
+                .push_back((to, Message::BarrierRelease { barrier, intervals, gc, heap_end, pushed_by }));
         }
         if gc {
+            self.drop_planned_push();
             return self.start_gc(barrier);
         }
-        self.finish_barrier(barrier);
+        let mine = std::mem::take(&mut pushed_by[self.me.idx()]);
+        self.enter_passing(barrier, mine);
         Ok(())
+    }
+
+    /// Released from `barrier`: passes it once `pushed_by` have pushed and our pushes are sent.
+    fn enter_passing(&mut self, barrier: BarrierId, pushed_by: Vec<NodeId>) {
+        let episode = self.stats.barriers + 1;
+        let waiting = pushed_by.into_iter().filter(|&n| !self.push_arrived(episode, n)).collect();
+        self.passing = Some(Passing { barrier, waiting });
+        self.try_pass();
+    }
+
+    /// A push of barrier episode `episode` came from `from`: one less to wait for.
+    pub(crate) fn note_push_for_passing(&mut self, from: NodeId, episode: u64) {
+        if episode != self.stats.barriers + 1 {
+            return;
+        }
+        if let Some(p) = &mut self.passing {
+            p.waiting.retain(|&n| n != from);
+            self.try_pass();
+        }
+    }
+
+    /// Passes the barrier being passed, if nothing holds it any more.
+    fn try_pass(&mut self) {
+        let ready = self.passing.as_ref().is_some_and(|p| p.waiting.is_empty()) && !self.push_planned();
+        if ready {
+            let Passing { barrier, .. } = self.passing.take().expect("checked");
+            self.finish_barrier(barrier);
+        }
     }
 
     pub(crate) fn finish_barrier(&mut self, barrier: BarrierId) {
@@ -125,19 +212,28 @@ impl<M: PageMemory> Node<M> {
         intervals: Vec<IntervalRecord>,
         gc: bool,
         heap_end: u64,
+        pushed_by: Vec<NodeId>,
     ) -> Result<(), ProtocolError> {
         if from != NodeId(0)
             || !matches!(self.pending, Pending::Barrier(b) if b == barrier)
             || self.gc.is_some()
+            || self.passing.is_some()
         {
             return Err(ProtocolError::Unexpected { from, what: format!("release of {barrier}") });
+        }
+        if let Some(bad) = pushed_by.iter().find(|n| n.idx() >= self.nprocs() || **n == self.me) {
+            return Err(ProtocolError::Unexpected {
+                from,
+                what: format!("release naming a push from {bad}"),
+            });
         }
         self.incorporate(from, intervals)?;
         self.back_heap(heap_end);
         if gc {
+            self.drop_planned_push();
             return self.start_gc(barrier);
         }
-        self.finish_barrier(barrier);
+        self.enter_passing(barrier, pushed_by);
         Ok(())
     }
 }

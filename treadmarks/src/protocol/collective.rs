@@ -2,7 +2,7 @@
 //! rendezvous and the ping probe. None of these touch consistency state.
 //!
 //! Backing allocated memory: at each barrier every node backs the heap pages below the end of
-//! the highest allocation so far with memory ([`Node::back_heap`]), so that the computation after
+//! the highest allocation so far with memory (`Node::back_heap`), so that the computation after
 //! the barrier does not pay for their first touch. Invariant: pages `0..backed_pages` have been
 //! backed; a page is backed at most once (memory freed and allocated again stays backed).
 

@@ -82,10 +82,26 @@ pub enum Message {
     LockGrant { lock: LockId, intervals: Vec<IntervalRecord>, diffs: Vec<PageDiffs>, bundled: Vec<LockId> },
     /// Client → barrier manager (node 0): arrival, with the client's intervals the manager lacks;
     /// `gc`: the client's consistency data is over the threshold (or it asked to collect).
-    BarrierArrive { barrier: BarrierId, vt: VectorTime, intervals: Vec<IntervalRecord>, gc: bool },
+    /// `pushes`: the nodes this one pushes diffs to at this barrier, after this message
+    /// (`push.rs`).
+    BarrierArrive {
+        barrier: BarrierId,
+        vt: VectorTime,
+        intervals: Vec<IntervalRecord>,
+        gc: bool,
+        pushes: Vec<NodeId>,
+    },
     /// Barrier manager → client: every interval the client lacks; `gc`: this barrier collects.
     /// `heap_end`: the end of the highest allocation so far (`Node::back_heap`).
-    BarrierRelease { barrier: BarrierId, intervals: Vec<IntervalRecord>, gc: bool, heap_end: u64 },
+    /// `pushed_by`: the nodes that push diffs to the receiver at this barrier, which it waits for
+    /// before it passes.
+    BarrierRelease {
+        barrier: BarrierId,
+        intervals: Vec<IntervalRecord>,
+        gc: bool,
+        heap_end: u64,
+        pushed_by: Vec<NodeId>,
+    },
     /// Node → barrier manager: I have validated every page I must keep (collecting barrier).
     GcDone,
     /// Barrier manager → all: everybody has validated; drop consistency data and go on.

@@ -11,7 +11,7 @@
 
 use super::ProtocolError;
 use super::alloc::Allocator;
-use super::barrier::BarrierEpisode;
+use super::barrier::{BarrierEpisode, Passing};
 use super::gc::{Accounting, GcRound};
 use super::ids::{BarrierId, IntervalIdx, LockId, NodeId, PageIdx};
 use super::interval::{IntervalLog, IntervalRecord};
@@ -107,6 +107,8 @@ pub struct Node<M> {
     /// The locks we acquired, and which followed which (wishes for bundled grants).
     pub(crate) lock_history: LockHistory,
     pub(crate) barrier: BarrierEpisode,
+    /// A barrier we were released from and pass once its pushes are in (`barrier.rs`).
+    pub(crate) passing: Option<Passing>,
     /// Our newest interval the barrier manager has been sent.
     pub(crate) sent_to_manager: IntervalIdx,
     pub(crate) allocator: Option<Allocator>,
@@ -157,6 +159,7 @@ impl<M: PageMemory> Node<M> {
             held_locks: Vec::new(),
             lock_history: LockHistory::new(cfg.lock_bundle, cfg.nlocks),
             barrier: BarrierEpisode::new(n),
+            passing: None,
             sent_to_manager: 0,
             allocator: (me == NodeId(0)).then(|| Allocator::new(cfg.heap_size)),
             backed_pages: 0,
@@ -281,11 +284,11 @@ impl<M: PageMemory> Node<M> {
             Message::LockGrant { lock, intervals, diffs, bundled } => {
                 self.handle_lock_grant(from, lock, intervals, diffs, bundled)
             }
-            Message::BarrierArrive { barrier, vt, intervals, gc } => {
-                self.handle_barrier_arrive(from, barrier, vt, intervals, gc)
+            Message::BarrierArrive { barrier, vt, intervals, gc, pushes } => {
+                self.handle_barrier_arrive(from, barrier, vt, intervals, gc, pushes)
             }
-            Message::BarrierRelease { barrier, intervals, gc, heap_end } => {
-                self.handle_barrier_release(from, barrier, intervals, gc, heap_end)
+            Message::BarrierRelease { barrier, intervals, gc, heap_end, pushed_by } => {
+                self.handle_barrier_release(from, barrier, intervals, gc, heap_end, pushed_by)
             }
             Message::DiffRequest { asks } => {
                 for a in &asks {

@@ -7,17 +7,20 @@
 //!
 //! - **Subscribing.** A writer that serves a diff request for page `p` from node `s` records
 //!   `s` as a subscriber of `p`, with the newest of its diffs of `p` that `s` now has.
-//! - **Pushing.** Arriving at a barrier, just after closing its interval and before sending its
-//!   arrival, the writer serves each subscriber as if it had asked for every change of a
-//!   subscribed page up to the interval just closed (`upto`): the twins are cut exactly as for a
-//!   request, and the diffs go out in a [`Message::DiffPush`] tagged with the barrier's episode
-//!   (the number of barriers passed once it completes) and the subscriber's assumed newest diff
-//!   (`after_seq`). Only pages with a twin to cut or a diff the subscriber lacks are sent, and
-//!   only to a subscriber that gets at most [`PUSH_MAX_PAGES`] of them: pushes are for the
-//!   small exchanges of every step (boundary rows). A bulk transfer goes faster as a fetch,
+//! - **Pushing.** Arriving at a barrier, just after closing its interval, the writer plans to
+//!   serve each subscriber as if it had asked for every change of a subscribed page up to the
+//!   interval just closed (`upto`), and names the subscribers it will push to in its arrival.
+//!   Once the arrival is sent ([`Node::run_deferred`]), the twins are cut exactly as for a
+//!   request, and the diffs go out in one [`Message::DiffPush`] per subscriber, tagged with the
+//!   barrier's episode (the number of barriers passed once it completes) and the subscriber's
+//!   assumed newest diff (`after_seq`); cutting them overlaps the manager's turn. The manager
+//!   tells each subscriber whom to wait for, and a node passes the barrier only with its pushes
+//!   in hand (`barrier.rs`). Only pages with a twin to cut or a diff the subscriber lacks are
+//!   sent, and only to a subscriber that gets at most [`PUSH_MAX_PAGES`] of them: pushes are for
+//!   the small exchanges of every step (boundary rows). A bulk transfer goes faster as a fetch,
 //!   whose ramped requests overlap the writer's diffing, the transfer and the reader's
-//!   applying; a push diffs every page before the arrival goes out. (At 2 nodes the limit made
-//!   fft 6%, radix 8% and lu 3% faster; the iterative codes push 2-16 pages a step.)
+//!   applying; a push diffs every page before it goes out. (At 2 nodes the limit made fft 6%,
+//!   radix 8% and lu 3% faster; the iterative codes push 2-16 pages a step.)
 //! - **Using.** The subscriber keeps the pushed diffs aside; memory is not touched. When the page
 //!   misses later (a fault or a view), a writer's pushed diffs stand in for the request to that
 //!   writer if they are complete: we know all of its intervals up to `upto`, the notice we hold
@@ -39,7 +42,7 @@ use super::ids::{DiffSeq, IntervalIdx, NodeId, PageIdx};
 use super::memory::PageMemory;
 use super::msg::{DiffAsk, DiffWire, Message, PageDiffs, PushedDiffs};
 use super::node::Node;
-use super::page::{PAGES_PER_REQUEST, WriterState};
+use super::page::WriterState;
 use std::collections::BTreeMap;
 
 /// Most pages pushed to one subscriber at one barrier; a subscriber that would get more is
@@ -73,6 +76,13 @@ pub(crate) struct PushState {
     /// Subscribed pages looked at by pushes so far (tests check it does not grow with pages
     /// read once and left alone).
     pub(crate) examined: u64,
+    /// The push planned at our barrier arrival, to cut and send once the arrival is out: per
+    /// subscriber (at most [`PUSH_MAX_PAGES`] pages each, none empty), with its episode and
+    /// `upto`.
+    planned: Vec<(NodeId, Vec<DiffAsk>)>,
+    planned_for: (u64, IntervalIdx),
+    /// Pushes received for barrier episodes not passed yet: (episode, writer).
+    arrived: Vec<(u64, NodeId)>,
 }
 
 impl PushState {
@@ -110,12 +120,13 @@ impl<M: PageMemory> Node<M> {
         }
     }
 
-    /// At barrier arrival, with the interval closed: pushes to every subscriber the diffs of its
-    /// pages that changed since it last got them (see the module docs).
-    pub(crate) fn push_to_subscribers(&mut self) {
+    /// At barrier arrival, with the interval closed: plans to push to every subscriber the diffs
+    /// of its pages that changed since it last got them (see the module docs); returns the
+    /// subscribers that get a push. `Node::send_planned_push` sends it.
+    pub(crate) fn plan_push(&mut self) -> Vec<NodeId> {
         if self.push.subscribers.is_empty() {
             self.push.cut_since_push.clear();
-            return;
+            return Vec::new();
         }
         let closed = self.vt.get(self.me);
         let episode = self.stats.barriers + 1;
@@ -150,26 +161,45 @@ impl<M: PageMemory> Node<M> {
                 }
             }
         }
-        for (s, asks) in asks.into_iter().enumerate() {
-            if asks.is_empty() || asks.len() > PUSH_MAX_PAGES {
-                continue;
-            }
-            let to = NodeId(s as u16);
+        self.push.planned = (asks.into_iter().enumerate())
+            .filter(|(_, asks)| !asks.is_empty() && asks.len() <= PUSH_MAX_PAGES)
+            .map(|(s, asks)| (NodeId(s as u16), asks))
+            .collect();
+        self.push.planned_for = (episode, closed);
+        self.push.planned.iter().map(|(to, _)| *to).collect()
+    }
+
+    /// Whether a push planned at our barrier arrival is still to be sent.
+    pub(crate) fn push_planned(&self) -> bool {
+        !self.push.planned.is_empty()
+    }
+
+    /// A collecting barrier drops pushes: the planned one is not sent.
+    pub(crate) fn drop_planned_push(&mut self) {
+        self.push.planned.clear();
+    }
+
+    /// Whether `from`'s push for barrier episode `episode` has come.
+    pub(crate) fn push_arrived(&self, episode: u64, from: NodeId) -> bool {
+        self.push.arrived.contains(&(episode, from))
+    }
+
+    /// Cuts the twins of the push planned at our barrier arrival and sends it, one message per
+    /// subscriber.
+    pub(crate) fn send_planned_push(&mut self) {
+        let (episode, closed) = self.push.planned_for;
+        for (to, asks) in std::mem::take(&mut self.push.planned) {
             let served = self.serve_diff_request(&asks);
             self.note_subscribers(to, &asks, &served);
             // A page whose twin turned out unchanged goes too, with no diffs: its notice still
             // stands, and the push saves the subscriber asking for nothing.
-            let mut pages: Vec<PushedDiffs> = asks
+            let pages: Vec<PushedDiffs> = asks
                 .iter()
                 .zip(served)
                 .map(|(a, pd)| PushedDiffs { page: pd.page, after_seq: a.after_seq, diffs: pd.diffs })
                 .collect();
             self.stats.diffs_pushed += pages.iter().map(|pd| pd.diffs.len() as u64).sum::<u64>();
-            while !pages.is_empty() {
-                let rest = pages.split_off(pages.len().min(PAGES_PER_REQUEST));
-                let chunk = std::mem::replace(&mut pages, rest);
-                self.outbox.push_back((to, Message::DiffPush { episode, upto: closed, pages: chunk }));
-            }
+            self.outbox.push_back((to, Message::DiffPush { episode, upto: closed, pages }));
         }
     }
 
@@ -185,11 +215,17 @@ impl<M: PageMemory> Node<M> {
         }
         let passed = self.stats.barriers;
         // The writer passed every barrier before `episode`, so we have arrived at `episode - 1`.
-        if from == self.me || episode > passed + 2 {
+        if from == self.me || episode > passed + 2 || pages.len() > PUSH_MAX_PAGES {
             return Err(ProtocolError::Unexpected {
                 from,
-                what: format!("diff push for barrier episode {episode} (we passed {passed})"),
+                what: format!(
+                    "diff push of {} pages for barrier episode {episode} (we passed {passed})",
+                    pages.len()
+                ),
             });
+        }
+        if episode > passed && !self.push.arrived.contains(&(episode, from)) {
+            self.push.arrived.push((episode, from));
         }
         // Pushed for an epoch that is over, or before a collection (whose state is gone).
         if episode < passed || episode <= self.push.collected_at || self.gc.is_some() {
@@ -216,6 +252,7 @@ impl<M: PageMemory> Node<M> {
         if !unused.is_empty() {
             self.outbox.push_back((from, Message::Unsubscribe { pages: unused }));
         }
+        self.note_push_for_passing(from, episode);
         Ok(())
     }
 
@@ -266,6 +303,7 @@ impl<M: PageMemory> Node<M> {
     /// and unsubscribes from their pages.
     pub(crate) fn sweep_pushed(&mut self) {
         let passed = self.stats.barriers;
+        self.push.arrived.retain(|&(episode, _)| episode > passed);
         let mut unused: Vec<Vec<PageIdx>> = vec![Vec::new(); self.nprocs()];
         self.push.pushed.retain(|&(p, w), e| {
             let keep = e.episode >= passed;

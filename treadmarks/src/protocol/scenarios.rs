@@ -53,7 +53,15 @@ impl Net {
                 }
             }
             if !moved {
-                return;
+                // Quiet: the pushes planned at barrier arrivals go out now.
+                let deferred: Vec<usize> =
+                    (0..self.nodes.len()).filter(|&i| self.nodes[i].has_deferred()).collect();
+                if deferred.is_empty() {
+                    return;
+                }
+                for i in deferred {
+                    self.nodes[i].run_deferred().expect("protocol error");
+                }
             }
         }
     }
@@ -334,6 +342,7 @@ fn bad_input_from_a_peer_is_an_error_not_a_panic() {
     let gap = Message::BarrierRelease {
         barrier: BarrierId(0),
         heap_end: 0,
+        pushed_by: vec![],
         intervals: vec![IntervalRecord {
             node: NodeId(1),
             index: 3,
@@ -539,9 +548,79 @@ fn barriers_back_the_heap_allocated_so_far_once_on_every_node() {
 fn a_release_naming_a_heap_end_past_the_heap_backs_only_the_heap() {
     let mut net = Net::with_pages(2, 8);
     net.nodes[1].request_barrier(BarrierId(0)).unwrap();
-    let release =
-        Message::BarrierRelease { barrier: BarrierId(0), intervals: vec![], gc: false, heap_end: u64::MAX };
+    let release = Message::BarrierRelease {
+        barrier: BarrierId(0),
+        intervals: vec![],
+        gc: false,
+        heap_end: u64::MAX,
+        pushed_by: vec![],
+    };
     net.nodes[1].handle_message(NodeId(0), release).unwrap();
     assert_eq!(net.done(1), Some(AppDone::BarrierPassed(BarrierId(0))));
     assert_eq!(net.nodes[1].stats().pages_backed, 8);
+}
+
+#[test]
+fn a_push_leaves_after_the_arrival_and_its_receiver_passes_only_with_it() {
+    use MsgKind::*;
+    let mut net = Net::new(2);
+    net.write(1, 1, 0, 1);
+    net.barrier();
+    assert_eq!(net.read(0, 1, 0), 1, "node 0 reads page 1 and subscribes to node 1's diffs");
+    net.write(1, 1, 0, 2);
+    let t = net.log.len();
+    // Node 0 (the manager) arrives first and waits; node 1 arrives last. Its arrival, naming
+    // node 0 as the node it pushes to, goes before the push, which it has not even cut yet.
+    net.nodes[0].request_barrier(BarrierId(0)).unwrap();
+    net.nodes[1].request_barrier(BarrierId(0)).unwrap();
+    assert!(net.nodes[1].has_deferred());
+    let (to, arrive) = net.nodes[1].poll_transmit().expect("the arrival");
+    assert!(matches!(&arrive, Message::BarrierArrive { pushes, .. } if *pushes == [NodeId(0)]), "{arrive:?}");
+    assert!(net.nodes[1].poll_transmit().is_none(), "nothing but the arrival before the deferred work");
+    // The manager completes the barrier and releases node 1, but does not pass it: node 1's push
+    // is still to come.
+    net.nodes[to.idx()].handle_message(NodeId(1), arrive).unwrap();
+    assert_eq!(net.done(0), None, "the manager waits for the push announced to it");
+    let (_, release) = net.nodes[0].poll_transmit().expect("the release");
+    assert!(matches!(&release, Message::BarrierRelease { pushed_by, .. } if pushed_by.is_empty()));
+    // Node 1 takes the release before its own push is out: it waits for that too.
+    net.nodes[1].handle_message(NodeId(0), release).unwrap();
+    assert_eq!(net.done(1), None, "node 1 passes only once its push is sent");
+    net.nodes[1].run_deferred().unwrap();
+    assert_eq!(net.done(1), Some(AppDone::BarrierPassed(BarrierId(0))));
+    let (_, push) = net.nodes[1].poll_transmit().expect("the push");
+    assert_eq!(push.kind(), DiffPush);
+    net.nodes[0].handle_message(NodeId(1), push).unwrap();
+    assert_eq!(net.done(0), Some(AppDone::BarrierPassed(BarrierId(0))));
+    // The push stands in for the request.
+    let t2 = net.log.len();
+    assert_eq!(net.read(0, 1, 0), 2);
+    assert_eq!(net.log.len(), t2, "no message for a pushed page");
+    assert_eq!(net.log.len(), t, "(the manual deliveries above were not logged)");
+}
+
+#[test]
+fn a_release_or_arrival_naming_a_bad_pusher_is_an_error() {
+    let mut net = Net::new(2);
+    net.nodes[1].request_barrier(BarrierId(0)).unwrap();
+    let release = |pushed_by| Message::BarrierRelease {
+        barrier: BarrierId(0),
+        intervals: vec![],
+        gc: false,
+        heap_end: 0,
+        pushed_by,
+    };
+    for bad in [NodeId(1), NodeId(7)] {
+        let e = net.nodes[1].handle_message(NodeId(0), release(vec![bad])).unwrap_err().to_string();
+        assert!(e.contains(&format!("push from {bad}")), "{e}");
+    }
+    let arrive = Message::BarrierArrive {
+        barrier: BarrierId(0),
+        vt: VectorTime::zero(2),
+        intervals: vec![],
+        gc: false,
+        pushes: vec![NodeId(9)],
+    };
+    let e = net.nodes[0].handle_message(NodeId(1), arrive).unwrap_err().to_string();
+    assert!(e.contains("push to node 9") || e.contains("push to 9"), "{e}");
 }

@@ -380,6 +380,14 @@ impl Sim {
                 .filter(|&i| !self.nodes[i].blocked && self.nodes[i].pc < self.nodes[i].prog.len())
                 .collect();
             let busy: Vec<usize> = (0..self.links.len()).filter(|&l| !self.links[l].is_empty()).collect();
+            // A node's deferred work (the pushes planned at its barrier arrival) runs at some
+            // point after its arrival left: right away, or with messages delivered meanwhile.
+            let deferred: Vec<usize> = (0..self.n).filter(|&i| self.nodes[i].node.has_deferred()).collect();
+            if !deferred.is_empty() && ((runnable.is_empty() && busy.is_empty()) || self.rng.chance(30)) {
+                let i = deferred[self.rng.below(deferred.len() as u64) as usize];
+                self.core(i, |n| n.run_deferred());
+                continue;
+            }
             if runnable.is_empty() && busy.is_empty() {
                 break;
             }

@@ -160,7 +160,9 @@ impl Engine {
                     s.consistency_bytes = node.consistency_bytes();
                     return Ok(Reply::Stats(Box::new(s)));
                 }
-                let reply = start(node, cmd)?.or_else(|| node.poll_done().map(Reply::Done));
+                let started = start(node, cmd)?;
+                node.run_deferred()?;
+                let reply = started.or_else(|| node.poll_done().map(Reply::Done));
                 debug_assert!(node.poll_transmit().is_none(), "a one-node job sent a message");
                 Ok(reply.expect("a one-node job completes every request at once"))
             }

@@ -140,6 +140,18 @@ impl Service {
             .expect("register the doorbell eventfd with tokio");
         let mut deadline: Option<tokio::time::Instant> = None;
         while !self.exited && !self.shutdown {
+            // Work the node left for after its messages went out (the pushes planned at a
+            // barrier arrival, which the arrival, already written, announced).
+            if self.failed.is_none() && self.node().has_deferred() {
+                let ran = self.node().run_deferred();
+                if let Err(e) = ran {
+                    self.fail(format!("deferred work: {e}"));
+                }
+                if self.pump() {
+                    tokio::task::yield_now().await;
+                }
+                continue;
+            }
             let polling = self.polling();
             tokio::select! {
                 ev = events.recv() => match ev {
