@@ -16,8 +16,8 @@
 //! pushes.
 //!
 //! The manager also keeps the allocator: its release carries the end of the highest allocation so
-//! far, and every node backs the heap below it with memory before it leaves the barrier
-//! (`Node::back_heap`).
+//! far. Every node backs the heap below the end it has heard of with memory while it waits at the
+//! barrier, as deferred work, and passes the barrier only once that is done (`collective.rs`).
 
 use super::ProtocolError;
 use super::ids::{BarrierId, NodeId};
@@ -75,9 +75,9 @@ impl<M: PageMemory> Node<M> {
         self.sent_to_manager = mine;
         self.pending = Pending::Barrier(barrier);
         self.note_peak();
-        // The manager backs what has been allocated while it waits for the others to arrive.
+        // Backed while this node waits (`run_deferred`), once its arrival is on its way.
         if let Some(end) = self.allocator.as_ref().map(|a| a.high_water()) {
-            self.back_heap(end);
+            self.hear_heap_end(end);
         }
         let msg =
             Message::BarrierArrive { barrier, vt: self.vt.clone(), intervals, gc: self.wants_gc(), pushes };
@@ -86,18 +86,26 @@ impl<M: PageMemory> Node<M> {
     }
 
     /// Work left for after this node's messages are on their way: the pushes planned at its
-    /// barrier arrival. The runtime calls [`Node::run_deferred`] once it has sent them.
+    /// barrier arrival, and backing the heap it has heard of while it waits there. The runtime
+    /// calls [`Node::run_deferred`] once it has sent them.
     pub fn has_deferred(&self) -> bool {
-        self.push_planned()
+        self.push_planned() || self.backing_due()
     }
 
-    /// Cuts and queues the pushes planned at this node's barrier arrival, then passes the
-    /// barrier if nothing else holds it.
+    /// Cuts and queues the pushes planned at this node's barrier arrival, then backs the heap
+    /// (the pushes first: other nodes wait for them), then passes the barrier if nothing else
+    /// holds it.
     pub fn run_deferred(&mut self) -> Result<(), ProtocolError> {
+        if !self.has_deferred() {
+            return Ok(());
+        }
         if self.push_planned() {
             self.send_planned_push();
-            self.try_pass();
         }
+        if self.backing_due() {
+            self.back_heap(self.heap_end_heard);
+        }
+        self.try_pass();
         Ok(())
     }
 
@@ -149,7 +157,7 @@ impl<M: PageMemory> Node<M> {
         self.barrier.barrier = None;
         self.incorporate(self.me, records)?;
         let heap_end = self.allocator.as_ref().map_or(0, |a| a.high_water());
-        self.back_heap(heap_end);
+        self.hear_heap_end(heap_end);
         for (i, vt) in arrived.into_iter().enumerate() {
             let to = NodeId(i as u16);
             if to == self.me {
@@ -162,6 +170,7 @@ impl<M: PageMemory> Node<M> {
                 .push_back((to, Message::BarrierRelease { barrier, intervals, gc, heap_end, pushed_by }));
         }
         if gc {
+            self.back_heap(heap_end);
             self.drop_planned_push();
             return self.start_gc(barrier);
         }
@@ -191,7 +200,9 @@ impl<M: PageMemory> Node<M> {
 
     /// Passes the barrier being passed, if nothing holds it any more.
     fn try_pass(&mut self) {
-        let ready = self.passing.as_ref().is_some_and(|p| p.waiting.is_empty()) && !self.push_planned();
+        let ready = self.passing.as_ref().is_some_and(|p| p.waiting.is_empty())
+            && !self.push_planned()
+            && !self.backing_due();
         if ready {
             let Passing { barrier, .. } = self.passing.take().expect("checked");
             self.finish_barrier(barrier);
@@ -228,8 +239,9 @@ impl<M: PageMemory> Node<M> {
             });
         }
         self.incorporate(from, intervals)?;
-        self.back_heap(heap_end);
+        self.hear_heap_end(heap_end);
         if gc {
+            self.back_heap(heap_end);
             self.drop_planned_push();
             return self.start_gc(barrier);
         }

@@ -128,8 +128,9 @@ pub enum Message {
     FreeRequest { offset: u64 },
     /// Node 0 → requester: the free is done, or why not.
     FreeReply { result: Result<(), AllocFailure> },
-    /// Node 0 → all: the `seq`-th distributed value.
-    Distribute { seq: u64, bytes: serde_bytes::ByteBuf },
+    /// Node 0 → all: the `seq`-th distributed value, and the end of the highest allocation so
+    /// far (backed at the next barrier).
+    Distribute { seq: u64, bytes: serde_bytes::ByteBuf, heap_end: u64 },
     /// Node → node 0: my application has finished.
     ExitArrive,
     /// Node 0 → all: everybody has finished; nobody will ask you for anything any more.

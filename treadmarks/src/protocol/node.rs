@@ -114,6 +114,10 @@ pub struct Node<M> {
     pub(crate) allocator: Option<Allocator>,
     /// Pages `0..backed_pages` have been backed with memory (`Node::back_heap`).
     pub(crate) backed_pages: u32,
+    /// The end of the highest allocation this node has heard of (its own allocator's, at node
+    /// 0; else the last distribute's or barrier release's): what it backs while it waits at
+    /// its next barrier.
+    pub(crate) heap_end_heard: u64,
     pub(crate) distribute_seq: u64,
     pub(crate) distributed: VecDeque<(u64, Vec<u8>)>,
     pub(crate) exit_arrived: Vec<bool>,
@@ -163,6 +167,7 @@ impl<M: PageMemory> Node<M> {
             sent_to_manager: 0,
             allocator: (me == NodeId(0)).then(|| Allocator::new(cfg.heap_size)),
             backed_pages: 0,
+            heap_end_heard: 0,
             distribute_seq: 0,
             distributed: VecDeque::new(),
             exit_arrived: vec![false; n],
