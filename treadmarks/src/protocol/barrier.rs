@@ -15,6 +15,12 @@
 //! pushes went out before the arrival. A collecting barrier waits for no push: collections drop
 //! pushes.
 //!
+//! The manager logs the intervals of a completed episode at once, for its releases, but applies
+//! their write notices to its own pages (cutting twins, invalidating) only after the releases are
+//! sent, as deferred work: its invalidations then overlap the other nodes' (fft at 2 nodes
+//! invalidates 2,048 pages at each end of a transpose's barrier). Its application is blocked until
+//! it passes, which waits for them.
+//!
 //! The manager also keeps the allocator: its release carries the end of the highest allocation so
 //! far. Every node backs the heap below the end it has heard of with memory while it waits at the
 //! barrier, as deferred work, and passes the barrier only once that is done (`collective.rs`).
@@ -89,12 +95,12 @@ impl<M: PageMemory> Node<M> {
     /// barrier arrival, and backing the heap it has heard of while it waits there. The runtime
     /// calls [`Node::run_deferred`] once it has sent them.
     pub fn has_deferred(&self) -> bool {
-        self.push_planned() || self.backing_due()
+        self.push_planned() || !self.notices_due.is_empty() || self.backing_due()
     }
 
-    /// Cuts and queues the pushes planned at this node's barrier arrival, then backs the heap
-    /// (the pushes first: other nodes wait for them), then passes the barrier if nothing else
-    /// holds it.
+    /// Cuts and queues the pushes planned at this node's barrier arrival, applies the write
+    /// notices of a barrier the manager released, then backs the heap (the pushes first: other
+    /// nodes wait for them), then passes the barrier if nothing else holds it.
     pub fn run_deferred(&mut self) -> Result<(), ProtocolError> {
         if !self.has_deferred() {
             return Ok(());
@@ -102,6 +108,8 @@ impl<M: PageMemory> Node<M> {
         if self.push_planned() {
             self.send_planned_push();
         }
+        let notices = std::mem::take(&mut self.notices_due);
+        self.apply_notices(notices);
         if self.backing_due() {
             self.back_heap(self.heap_end_heard);
         }
@@ -155,7 +163,15 @@ impl<M: PageMemory> Node<M> {
         let mut pushed_by = std::mem::replace(&mut self.barrier.pushed_by, vec![Vec::new(); n]);
         let gc = std::mem::take(&mut self.barrier.gc);
         self.barrier.barrier = None;
-        self.incorporate(self.me, records)?;
+        // The records are logged now, for the releases; their notices are applied here only
+        // once the releases are on their way (`run_deferred`), so that invalidating the pages the
+        // others wrote overlaps their own taking in of the release.
+        let new = self.log_records(self.me, records)?;
+        if gc {
+            self.apply_notices(new);
+        } else {
+            self.notices_due = new;
+        }
         let heap_end = self.allocator.as_ref().map_or(0, |a| a.high_water());
         self.hear_heap_end(heap_end);
         for (i, vt) in arrived.into_iter().enumerate() {
@@ -202,6 +218,7 @@ impl<M: PageMemory> Node<M> {
     fn try_pass(&mut self) {
         let ready = self.passing.as_ref().is_some_and(|p| p.waiting.is_empty())
             && !self.push_planned()
+            && self.notices_due.is_empty()
             && !self.backing_due();
         if ready {
             let Passing { barrier, .. } = self.passing.take().expect("checked");

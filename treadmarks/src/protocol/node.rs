@@ -109,6 +109,9 @@ pub struct Node<M> {
     pub(crate) barrier: BarrierEpisode,
     /// A barrier we were released from and pass once its pushes are in (`barrier.rs`).
     pub(crate) passing: Option<Passing>,
+    /// Records the barrier manager logged when it released a barrier, whose write notices it
+    /// applies once the releases are sent (`barrier.rs`): empty but between the two.
+    pub(crate) notices_due: Vec<(NodeId, IntervalIdx)>,
     /// Our newest interval the barrier manager has been sent.
     pub(crate) sent_to_manager: IntervalIdx,
     pub(crate) allocator: Option<Allocator>,
@@ -164,6 +167,7 @@ impl<M: PageMemory> Node<M> {
             lock_history: LockHistory::new(cfg.lock_bundle, cfg.nlocks),
             barrier: BarrierEpisode::new(n),
             passing: None,
+            notices_due: Vec::new(),
             sent_to_manager: 0,
             allocator: (me == NodeId(0)).then(|| Allocator::new(cfg.heap_size)),
             backed_pages: 0,
@@ -470,8 +474,25 @@ impl<M: PageMemory> Node<M> {
     pub(crate) fn incorporate(
         &mut self,
         from: NodeId,
-        mut recs: Vec<IntervalRecord>,
+        recs: Vec<IntervalRecord>,
     ) -> Result<bool, ProtocolError> {
+        let new = self.log_records(from, recs)?;
+        let any = !new.is_empty();
+        self.apply_notices(new);
+        Ok(any)
+    }
+
+    /// The first half of [`Node::incorporate`]: checks `recs`, closes our open interval if any
+    /// is new (before our timestamp takes in theirs), and logs the new ones, merging their
+    /// timestamps into ours. Returns the `(node, index)` of each new record, whose write notices
+    /// [`Node::apply_notices`] must apply before the application touches the heap again. Between
+    /// the two, the log and timestamp are ahead of the pages' notices, which is safe: cutting a
+    /// twin reads only our own timestamp entry and records, and serving a diff only our own diffs.
+    pub(crate) fn log_records(
+        &mut self,
+        from: NodeId,
+        mut recs: Vec<IntervalRecord>,
+    ) -> Result<Vec<(NodeId, IntervalIdx)>, ProtocolError> {
         let n = self.nprocs();
         let npages = self.mem.npages();
         recs.retain(|r| r.node != self.me);
@@ -497,14 +518,38 @@ impl<M: PageMemory> Node<M> {
         }
         recs.retain(|r| r.index > self.log.known(r.node));
         if recs.is_empty() {
-            return Ok(false);
+            return Ok(Vec::new());
         }
         self.close_interval(true);
+        let new = recs.iter().map(|r| (r.node, r.index)).collect();
+        for rec in recs {
+            self.vt.set(rec.node, rec.index.max(self.vt.get(rec.node)));
+            self.acct.record_bytes += Accounting::record_size(&rec);
+            self.log.push(rec);
+        }
+        self.note_peak();
+        Ok(new)
+    }
+
+    /// The second half of [`Node::incorporate`]: applies the write notices of the logged records
+    /// `new`: cuts our twins of the pages they name, notes the notices, invalidates the pages.
+    pub(crate) fn apply_notices(&mut self, new: Vec<(NodeId, IntervalIdx)>) {
+        if new.is_empty() {
+            return;
+        }
+        let n = self.nprocs();
+        let notices: Vec<(NodeId, IntervalIdx, Vec<PageIdx>)> = new
+            .into_iter()
+            .map(|(node, index)| {
+                let rec = self.log.get(node, index).expect("a logged record stays until its notices apply");
+                (node, index, rec.pages.clone())
+            })
+            .collect();
         // Our twins of pages others wrote are cut (their diffs made) before the notices are
         // recorded, all revoked first with one protection change per run of pages.
-        let mut cut: Vec<PageIdx> = recs
+        let mut cut: Vec<PageIdx> = notices
             .iter()
-            .flat_map(|r| r.pages.iter().copied())
+            .flat_map(|(_, _, pages)| pages.iter().copied())
             .filter(|p| self.pages[p.idx()].twin.is_some())
             .collect();
         cut.sort_unstable();
@@ -516,23 +561,19 @@ impl<M: PageMemory> Node<M> {
             self.cut_revoked(p, Access::None, false);
         }
         let mut invalid = Vec::new();
-        for rec in recs {
-            for &p in &rec.pages {
-                let w = self.pages[p.idx()].writer(rec.node, n, &mut self.acct.writer_tables);
-                w.noticed = w.noticed.max(rec.index);
+        for (node, index, pages) in notices {
+            for &p in &pages {
+                let w = self.pages[p.idx()].writer(node, n, &mut self.acct.writer_tables);
+                w.noticed = w.noticed.max(index);
                 invalid.push(p);
             }
             self.stats.intervals_incorporated += 1;
-            self.stats.write_notices_received += rec.pages.len() as u64;
-            self.vt.set(rec.node, rec.index.max(self.vt.get(rec.node)));
-            self.acct.record_bytes += Accounting::record_size(&rec);
-            self.log.push(rec);
+            self.stats.write_notices_received += pages.len() as u64;
         }
         self.note_peak();
         invalid.sort_unstable();
         invalid.dedup();
         self.invalidate(&invalid);
-        Ok(true)
     }
 
     /// Revokes all access to `pages` (ascending), in runs.
