@@ -1,14 +1,15 @@
 //! Allocation (node 0 keeps the allocator), `distribute` (node 0 broadcasts a value), the exit
 //! rendezvous and the ping probe. None of these touch consistency state.
 //!
-//! Backing allocated memory: at each barrier every node backs the heap pages below the end of
-//! the highest allocation it has heard of with memory (`Node::back_heap`), so that the
-//! computation after the barrier does not pay for their first touch. Node 0 keeps the
-//! allocator; the others hear of its end with each distributed value and each barrier release.
-//! A node backs while it waits at the barrier: after its arrival (and its pushes) are sent, as
-//! deferred work, and passes the barrier only once that is done, so that the application, blocked
-//! meanwhile, never races the backing and no node leaves the barrier later than the others for it
-//! (backing 8,192 pages takes ~9 ms on the 2-vCPU VM). Invariants: pages `0..backed_pages` have
+//! Backing allocated memory: every node backs the heap pages below the end of the highest
+//! allocation it has heard of with memory (`Node::back_heap`), so that the computation does not
+//! pay for their first touch. Node 0 keeps the allocator; the others hear of its end with each
+//! distributed value and each barrier release. A node backs only while its application is blocked
+//! in a call that waits anyway: node 0 in its own allocation, the others when the distributed
+//! value they wait for comes (applications allocate at node 0 and distribute the handles before
+//! initializing), and every node at a barrier, as deferred work once its arrival (and its pushes)
+//! are sent, passing only once that is done, so that no node leaves the barrier later than the
+//! others for it (backing 8,192 pages takes ~9 ms on the 2-vCPU VM). Invariants: pages `0..backed_pages` have
 //! been backed; a page is backed at most once (memory freed and allocated again stays backed).
 
 use super::ProtocolError;
@@ -92,6 +93,7 @@ impl<M: PageMemory> Node<M> {
             self.done.push_back(AppDone::Distributed(bytes));
         } else if self.distributed.front().is_some_and(|(s, _)| *s == seq) {
             let (_, bytes) = self.distributed.pop_front().expect("checked");
+            self.back_heap(self.heap_end_heard);
             self.done.push_back(AppDone::Distributed(bytes));
         } else {
             self.pending = Pending::Distribute(seq);
@@ -121,6 +123,13 @@ impl<M: PageMemory> Node<M> {
             Message::AllocRequest { bytes, align } => {
                 let alloc = self.allocator.as_mut().ok_or_else(|| unexpected("alloc request"))?;
                 let result = alloc.alloc(bytes, align);
+                let end = alloc.high_water();
+                self.hear_heap_end(end);
+                if from == self.me {
+                    // Our own application waits in this allocation: back it now, before the
+                    // application initializes it.
+                    self.back_heap(end);
+                }
                 self.outbox.push_back((from, Message::AllocReply { result }));
             }
             Message::FreeRequest { offset } => {
@@ -143,6 +152,9 @@ impl<M: PageMemory> Node<M> {
                 self.hear_heap_end(heap_end);
                 let bytes = bytes.into_vec();
                 if matches!(self.pending, Pending::Distribute(s) if s == seq) {
+                    // The application waits for this value (typically the handles of what node
+                    // 0 just allocated): back the heap now, before it initializes its part.
+                    self.back_heap(self.heap_end_heard);
                     self.pending = Pending::None;
                     self.done.push_back(AppDone::Distributed(bytes));
                 } else {
