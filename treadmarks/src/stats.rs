@@ -106,7 +106,7 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let p = &self.protocol;
         let sent = self.sent();
-        let fields: [(&str, f64); 39] = [
+        let fields: [(&str, f64); 41] = [
             ("node", f64::from(self.node.0)),
             ("nprocs", f64::from(self.nprocs)),
             ("msgs_sent", sent.msgs as f64),
@@ -146,6 +146,8 @@ impl Stats {
             ("pages_fetched_whole", p.page_requests_sent as f64),
             ("pages_backed", p.pages_backed as f64),
             ("pages_backed_mapped", p.pages_backed_mapped as f64),
+            ("pages_overwritten", p.pages_overwritten as f64),
+            ("diffs_superseded", p.diffs_superseded as f64),
         ];
         let body: Vec<String> = fields.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
         format!("{{{}}}", body.join(","))
@@ -179,8 +181,13 @@ impl fmt::Display for Stats {
         )?;
         writeln!(
             f,
-            "  diffs pushed at barriers: {}   pushed pages used: {}, unused: {}   diffs piggybacked on grants: {}",
-            p.diffs_pushed, p.pushes_used, p.pushes_wasted, p.diffs_piggybacked
+            "  diffs pushed at barriers: {}   pushed pages used: {}, unused: {}   diffs piggybacked on grants: {}   stale pages overwritten unfetched: {} (diffs they superseded, received later: {})",
+            p.diffs_pushed,
+            p.pushes_used,
+            p.pushes_wasted,
+            p.diffs_piggybacked,
+            p.pages_overwritten,
+            p.diffs_superseded
         )?;
         writeln!(
             f,
@@ -212,7 +219,7 @@ impl fmt::Display for Stats {
         )?;
         writeln!(
             f,
-            "  heap pages backed at barriers: {} ({} of them mapped)   collections: {}   time {:.3} ms   reclaimed {} B   stale copies dropped {}   pages fetched whole {}   consistency data {} B (peak {} B)",
+            "  heap pages backed ahead of their first touch: {} ({} of them mapped)   collections: {}   time {:.3} ms   reclaimed {} B   stale copies dropped {}   pages fetched whole {}   consistency data {} B (peak {} B)",
             p.pages_backed,
             p.pages_backed_mapped,
             p.collections,

@@ -345,7 +345,7 @@ impl Tmk {
         parts: impl IntoIterator<Item = Range<usize>>,
     ) -> Result<View<'_, T>> {
         let view = self.borrows.view(&self.heap, h)?;
-        self.validate(self.pages_of_parts(h, parts, Heap::invalid_pages)?, false)?;
+        self.validate(self.pages_of_parts(h, parts, Heap::invalid_pages)?, false, Vec::new())?;
         Ok(view)
     }
 
@@ -363,11 +363,49 @@ impl Tmk {
         if self.held.is_empty() {
             let unwritable = self.pages_of_parts(h, parts.iter().cloned(), Heap::unwritable_pages)?;
             if unwritable.len() >= TWIN_AHEAD_MIN_PAGES {
-                self.validate(unwritable, true)?;
+                self.validate(unwritable, true, Vec::new())?;
                 return Ok(view);
             }
         }
-        self.validate(self.pages_of_parts(h, parts, Heap::invalid_pages)?, false)?;
+        self.validate(self.pages_of_parts(h, parts, Heap::invalid_pages)?, false, Vec::new())?;
+        Ok(view)
+    }
+
+    /// A mutable view of a shared array of which the application declares it overwrites every
+    /// element of `parts` (element ranges of `h`, in any order) before it reads any of them: as
+    /// [`Tmk::view_mut_parts`], except that the pages lying wholly inside a part are not brought
+    /// up to date first when they are stale, since their bytes are about to be replaced. They are
+    /// diffed whole afterwards (see `protocol::page`). For output written in full: radix sort's
+    /// runs, one per digit value, land on pages the other nodes wrote at the previous pass.
+    ///
+    /// The declaration is the caller's promise to write every element of the parts through this
+    /// view (so before the next synchronization, which the view cannot outlive) before reading
+    /// it: an element read before it is written may hold stale bytes (never undefined
+    /// behaviour: the elements are `Pod`), and one left unwritten keeps them, for every node that
+    /// reads it later. Under a lock, or over fewer than 8 pages that would fault, this is
+    /// [`Tmk::view_mut_parts`].
+    pub fn view_overwrite_parts<T: Pod>(
+        &self,
+        h: &Shared<[T]>,
+        parts: impl IntoIterator<Item = Range<usize>>,
+    ) -> Result<ViewMut<'_, T>> {
+        let parts: Vec<Range<usize>> = parts.into_iter().collect();
+        if !self.held.is_empty() {
+            return self.view_mut_parts(h, parts);
+        }
+        let unwritable = self.pages_of_parts(h, parts.iter().cloned(), Heap::unwritable_pages)?;
+        if unwritable.len() < TWIN_AHEAD_MIN_PAGES {
+            return self.view_mut_parts(h, parts);
+        }
+        let view = self.borrows.view_mut(&self.heap, h)?;
+        let whole = self.pages_of_parts(h, parts, |heap, offset, len| {
+            let ps = heap.page_size() as u64;
+            let first = offset.div_ceil(ps);
+            let end = (offset + len) / ps;
+            (first..end.max(first)).map(|p| PageIdx(p as u32)).collect()
+        })?;
+        let whole: Vec<PageIdx> = whole.into_iter().filter(|p| unwritable.binary_search(p).is_ok()).collect();
+        self.validate(unwritable, true, whole)?;
         Ok(view)
     }
 
@@ -406,12 +444,12 @@ impl Tmk {
 
     /// Brings `pages` up to date (and with `write`, twins them ahead of writes), timed as view
     /// wait.
-    fn validate(&self, pages: Vec<PageIdx>, write: bool) -> Result<()> {
+    fn validate(&self, pages: Vec<PageIdx>, write: bool, whole: Vec<PageIdx>) -> Result<()> {
         if pages.is_empty() {
             return Ok(());
         }
         let t = Instant::now();
-        let r = self.engine.validate(pages, write);
+        let r = self.engine.validate(pages, write, whole);
         self.view_wait.set(self.view_wait.get() + t.elapsed());
         r
     }

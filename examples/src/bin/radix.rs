@@ -181,7 +181,7 @@ fn dsm(app: &mut App, s: &Size) -> treadmarks::Result<(f64, bool)> {
             let starts = offsets(&h, n, s.stride(), s.radix(), me);
             let lens = &h[me * s.stride()..][..s.radix()];
             let parts = starts.iter().zip(lens).map(|(&start, &len)| start..start + len as usize);
-            let mut out = tmk.view_mut_parts(&dst, parts)?;
+            let mut out = tmk.view_overwrite_parts(&dst, parts)?;
             let mut mine = runs(&mut out, &starts, lens);
             permute(&tmk.view(&src.slice(begin, end))?, shift, s.mask(), &mut mine);
         }

@@ -267,6 +267,19 @@ impl Diff {
         })
     }
 
+    /// The diff that writes all of `page`: one full run. What a page declared overwritten is
+    /// diffed as, whatever its twin holds ([`crate::protocol::page`]).
+    pub fn whole(page: &[u8]) -> Diff {
+        assert!(page.len().is_multiple_of(WORD), "a page of {} bytes is not whole words", page.len());
+        SCRATCH.with_borrow_mut(|s| {
+            s.out.clear();
+            put_varint(&mut s.out, 0);
+            put_varint(&mut s.out, (page.len() / WORD) << 1);
+            s.out.extend_from_slice(page);
+            Diff(crate::mem::chunk::store(&s.out))
+        })
+    }
+
     /// True if the diff changes nothing.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
@@ -317,7 +330,8 @@ impl Diff {
     }
 
     fn walk<'a>(&'a self, page_size: usize, mut f: impl FnMut(RunRef<'a>)) -> Result<(), DiffError> {
-        let b = &self.0;
+        // Deref the shared bytes once (a call through the owner's vtable), not per field.
+        let b: &'a [u8] = &self.0;
         let words = page_size / WORD;
         let (mut at, mut pos) = (0usize, 0usize);
         while at < b.len() {
@@ -508,6 +522,16 @@ mod tests {
         short.truncate(2000);
         assert!(matches!(Diff(SharedBytes::copy_of(&short)).apply(&mut t), Err(DiffError::Truncated { .. })));
         assert!(matches!(d.apply(&mut [0; 2048]), Err(DiffError::Overrun { .. })));
+        // A whole-page diff is that same encoding, whatever the twin: it writes every byte, even
+        // those equal to the twin's.
+        assert_eq!(Diff::whole(&page), d);
+        let mut other = page.clone();
+        other[..8].copy_from_slice(&twin[..8]);
+        let (mut by_make, mut by_whole) = (page.clone(), page.clone());
+        Diff::make(&twin, &other).apply(&mut by_make).unwrap();
+        Diff::whole(&other).apply(&mut by_whole).unwrap();
+        assert_eq!(&by_make[..8], &page[..8], "make leaves the bytes equal to the twin");
+        assert_eq!(by_whole, other);
         assert_eq!(t, page, "failed applies change nothing");
     }
 

@@ -182,8 +182,12 @@ impl<M: PageMemory> Node<M> {
         let twinned = std::mem::take(&mut self.twinned);
         self.opened_twins.clear();
         for &p in &twinned {
-            self.pages[p.idx()].twin = None;
-            self.pages[p.idx()].renewed = false;
+            let meta = &mut self.pages[p.idx()];
+            meta.twin = None;
+            meta.renewed = false;
+            // Every node has validated: the page holds the epoch's final bytes everywhere it is
+            // valid, so an overwrite's stale twin no longer matters.
+            meta.whole = false;
         }
         self.set_access_in_runs(twinned, Access::Read);
         for p in &round.pages {

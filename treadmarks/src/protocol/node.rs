@@ -419,7 +419,9 @@ impl<M: PageMemory> Node<M> {
         self.freeze_in_runs(frozen.iter().copied());
         for &p in &opened {
             let comparable = blocked || frozen.binary_search(&p).is_ok();
-            if self.pages[p.idx()].renewed && comparable && self.mem.same_as_twin(p) {
+            let meta = &self.pages[p.idx()];
+            // A page declared overwritten is noticed even if it equals its (stale) twin.
+            if meta.renewed && !meta.whole && comparable && self.mem.same_as_twin(p) {
                 unchanged.push(p);
             } else {
                 fresh.push(p);

@@ -13,6 +13,28 @@
 //!   notice, the newest interval `applied` whose changes we have, and the newest diff `applied_seq`
 //!   of `n` we have applied. The page is stale (and invalid) while some `noticed > applied`.
 //! - `diffs`: our own diffs of the page, oldest first.
+//! - `whole`: the page was declared overwritten while stale ([`Node::request_overwrite`]): its
+//!   twin may lack writes that readers hold, so the next diff cut from it is the whole page, and
+//!   the page is noticed at its interval's close even if it equals its twin.
+//!
+//! # Overwritten pages
+//! A view may declare that the application overwrites every byte of some pages before reading
+//! any (radix sort's runs, an output array). Such a page, stale here, is not fetched: for every
+//! writer `n` with unapplied notices we set `applied` to `noticed` and note `superseded[n]`
+//! (that interval), and the page is twinned as it is, marked `whole`. Why this is right for a
+//! data-race-free program:
+//! - every byte of the page is written in our open interval, which follows (happened after)
+//!   every interval we hold notices of; so those writes are dead, here and at every node that
+//!   learns of our interval, which also learns of everything before it;
+//! - a diff of `n` whose first interval is at most `superseded[n]` holds only writes of such
+//!   intervals: a write of `n` to the page after its interval `superseded[n]` either follows ours
+//!   (then `n` took in our notice first, which cut its twin, so the write lies in a later diff),
+//!   or races with ours. So such diffs are never applied here (a later request may still bring
+//!   them, from an older `applied_seq`), and a reader applying them before our whole diff (in
+//!   timestamp order) loses nothing;
+//! - our diff is the whole page, so no byte equal by chance to our stale twin is left out;
+//! - a twin handed out as a base copy after a collection lacks the superseded writes, but the
+//!   requester asks their writers for them itself, and then for our whole diff.
 //!
 //! # Which intervals one diff covers, and why applying diffs in timestamp order is right
 //! A diff is made from the twin when somebody asks for it or when a write notice from another node
@@ -65,6 +87,9 @@ pub struct WriterState {
     pub applied: IntervalIdx,
     /// Newest diff of the writer for the page that we have applied.
     pub applied_seq: DiffSeq,
+    /// The writer's diffs of the page whose first interval is at most this one were superseded
+    /// by our overwrite of the whole page, and are never applied (see the module docs).
+    pub superseded: IntervalIdx,
 }
 
 /// One of our own diffs of a page.
@@ -96,6 +121,8 @@ pub struct PageMeta {
     pub diffs: Vec<OwnDiff>,
     /// Set when a collection dropped our copy: fetch a whole copy from this node first.
     pub base_from: Option<NodeId>,
+    /// Declared overwritten while stale: the next diff cut is the whole page (module docs).
+    pub whole: bool,
 }
 
 impl PageMeta {
@@ -184,7 +211,11 @@ impl<M: PageMemory> Node<M> {
         let hot = then == Access::Read && was_writable && first >= self.vt.get(self.me);
         self.pages[p.idx()].renewed = false;
         self.twinned.remove(&p);
-        let diff = Diff::make(self.mem.twin(p), self.mem.page(p));
+        let diff = if std::mem::take(&mut self.pages[p.idx()].whole) {
+            Diff::whole(self.mem.page(p))
+        } else {
+            Diff::make(self.mem.twin(p), self.mem.page(p))
+        };
         let end = if hot {
             self.mem.make_twin(p);
             self.pages[p.idx()].twin = Some(self.open_interval());
@@ -268,10 +299,33 @@ impl<M: PageMemory> Node<M> {
     /// end only if the page changed (like a renewed twin). Completes with
     /// [`AppDone::Validated`].
     pub fn request_validate(&mut self, pages: &[PageIdx], write: bool) -> Result<(), ProtocolError> {
+        self.validate_pages(pages, write, &[])
+    }
+
+    /// [`Node::request_validate`] of `pages` for writing, where the application also declares
+    /// that it overwrites every byte of the pages `whole` (some of `pages`) before it reads any:
+    /// those that are stale are not fetched, but superseded (see the module docs). Completes with
+    /// [`AppDone::Validated`].
+    pub fn request_overwrite(&mut self, pages: &[PageIdx], whole: &[PageIdx]) -> Result<(), ProtocolError> {
+        self.validate_pages(pages, true, whole)
+    }
+
+    fn validate_pages(
+        &mut self,
+        pages: &[PageIdx],
+        write: bool,
+        whole: &[PageIdx],
+    ) -> Result<(), ProtocolError> {
         self.begin("validate")?;
-        for &p in pages {
+        for &p in pages.iter().chain(whole) {
             self.check_page(self.me, p)?;
         }
+        let overwritten: Vec<PageIdx> =
+            whole.iter().copied().filter(|p| pages.contains(p) && self.supersedable(*p)).collect();
+        for &p in &overwritten {
+            self.supersede(p);
+        }
+        self.set_access_in_runs(overwritten, Access::Read);
         let invalid: Vec<PageIdx> = pages
             .iter()
             .copied()
@@ -294,13 +348,19 @@ impl<M: PageMemory> Node<M> {
     /// every invalid page waits for no whole copy, and each of its writers with unapplied
     /// notices pushed us exactly the diffs a request would bring (`push.rs`).
     pub fn validates_locally(&self, pages: &[PageIdx]) -> bool {
+        self.overwrites_locally(pages, &[])
+    }
+
+    /// Whether [`Node::request_overwrite`] of `pages` and `whole` would complete at once: as
+    /// [`Node::validates_locally`], but for the pages of `whole`, which need nothing fetched.
+    pub fn overwrites_locally(&self, pages: &[PageIdx], whole: &[PageIdx]) -> bool {
         let npages = self.mem.npages();
         matches!(self.pending, Pending::None)
             && pages.iter().all(|&p| {
                 if p.0 >= npages || self.misses.contains_key(&p) {
                     return false;
                 }
-                if self.mem.access(p) != Access::None {
+                if self.mem.access(p) != Access::None || (whole.contains(&p) && self.supersedable(p)) {
                     return true;
                 }
                 let meta = &self.pages[p.idx()];
@@ -309,6 +369,28 @@ impl<M: PageMemory> Node<M> {
                         .filter(|(_, st)| st.noticed > st.applied)
                         .all(|(w, &st)| self.pushed_usable(p, NodeId(w as u16), st))
             })
+    }
+
+    /// Whether page `p`, declared overwritten, can be superseded instead of fetched: it is stale
+    /// (invalid with unapplied notices, and not a copy a collection dropped, whose base comes
+    /// from elsewhere) and no miss is fetching it already.
+    fn supersedable(&self, p: PageIdx) -> bool {
+        let meta = &self.pages[p.idx()];
+        self.mem.access(p) == Access::None
+            && meta.is_stale()
+            && meta.base_from.is_none()
+            && !self.misses.contains_key(&p)
+    }
+
+    /// Supersedes every unapplied notice of stale page `p`, about to be overwritten whole.
+    fn supersede(&mut self, p: PageIdx) {
+        let meta = &mut self.pages[p.idx()];
+        for w in meta.writers.iter_mut().filter(|w| w.noticed > w.applied) {
+            w.superseded = w.noticed;
+            w.applied = w.noticed;
+        }
+        meta.whole = true;
+        self.stats.pages_overwritten += 1;
     }
 
     /// Twins every valid read-only page of `pages` (ascending) and makes them writable, in runs.
@@ -465,6 +547,10 @@ impl<M: PageMemory> Node<M> {
             return Ok(());
         }
         st.applied_seq = d.seq;
+        if d.first_vt.get(from) <= st.superseded {
+            self.stats.diffs_superseded += 1;
+            return Ok(());
+        }
         d.diff.apply(self.mem.page_mut(p)).map_err(|source| ProtocolError::BadDiff {
             from,
             page: p,

@@ -646,6 +646,55 @@ fn a_push_leaves_after_the_arrival_and_its_receiver_passes_only_with_it() {
 }
 
 #[test]
+fn a_stale_page_declared_overwritten_is_not_fetched_and_its_diff_is_whole() {
+    use MsgKind::*;
+    let mut net = Net::new(3);
+    net.write(1, 1, 0, 7);
+    net.write(1, 1, 1, 8);
+    net.barrier();
+    // Node 0 holds node 1's notice for page 1 and declares it overwrites the page: nothing is
+    // fetched, and the page is writable at once.
+    let t = net.log.len();
+    net.nodes[0].request_overwrite(&[PageIdx(1)], &[PageIdx(1)]).unwrap();
+    net.settle();
+    assert_eq!(net.done(0), Some(AppDone::Validated));
+    assert_eq!(net.count(t, 0, 1, DiffRequest), 0, "no fetch for an overwritten page");
+    assert_eq!(net.nodes[0].mem().access(PageIdx(1)), Access::ReadWrite);
+    assert_eq!(net.nodes[0].stats().pages_overwritten, 1);
+    // Every byte is written; byte 0 with the value node 0's stale copy (and twin) holds.
+    for b in 0..PAGE {
+        net.write(0, 1, b, if b == 0 { 0 } else { 9 });
+    }
+    net.barrier();
+    // The diff is the whole page: byte 0 reaches readers though it equals node 0's twin.
+    assert_eq!((net.read(2, 1, 0), net.read(2, 1, 1)), (0, 9));
+    assert_eq!((net.read(1, 1, 0), net.read(1, 1, 1)), (0, 9));
+    // Node 1 writes again, after the overwrite; node 0's next fetch brings node 1's old diff
+    // too (node 0 never applied a diff of node 1), which the overwrite superseded: skipped.
+    net.write(1, 1, 2, 5);
+    net.barrier();
+    assert_eq!((net.read(0, 1, 0), net.read(0, 1, 1), net.read(0, 1, 2)), (0, 9, 5));
+    assert_eq!(net.nodes[0].stats().diffs_superseded, 1);
+    assert_eq!((net.read(2, 1, 0), net.read(2, 1, 2)), (0, 5));
+}
+
+#[test]
+fn a_valid_page_declared_overwritten_is_an_ordinary_write() {
+    let mut net = Net::new(2);
+    net.write(1, 1, 0, 7);
+    net.barrier();
+    assert_eq!(net.read(0, 1, 0), 7);
+    net.nodes[0].request_overwrite(&[PageIdx(1), PageIdx(2)], &[PageIdx(1)]).unwrap();
+    net.settle();
+    assert_eq!(net.done(0), Some(AppDone::Validated));
+    assert_eq!(net.nodes[0].stats().pages_overwritten, 0, "page 1 was up to date");
+    net.write(0, 1, 1, 3);
+    net.barrier();
+    // Only the changed byte travels, as for any write.
+    assert_eq!((net.read(1, 1, 0), net.read(1, 1, 1)), (7, 3));
+}
+
+#[test]
 fn the_manager_applies_the_notices_of_a_release_after_sending_it() {
     let mut net = Net::new(2);
     net.write(1, 2, 0, 5);

@@ -7,7 +7,8 @@
 //! Programs: phases separated by barriers. In each phase every word has a role: owned by one node
 //! (only it reads and writes it), guarded by a lock (accessed only inside critical sections of
 //! that lock), or read-only. Pages are tiny (64 bytes), so words of different owners share pages
-//! (false sharing, multiple writers). Writes to read-only pages take the fault handler's fast path
+//! (false sharing, multiple writers). Some phases give one node every word of a page, which it may
+//! declare overwritten (`Node::request_overwrite`) and then write in full. Writes to read-only pages take the fault handler's fast path
 //! or the protocol's slow path at random. Every message is round-tripped through postcard.
 //!
 //! Some runs give every link a speed of its own, and stall links for a while (FIFO still), so
@@ -49,6 +50,9 @@ enum Op {
     Barrier(BarrierId),
     /// Validate pages `first .. first + count` (a view about to be accessed).
     Validate(u32, u32),
+    /// Validate pages `first .. first + count` for writing, declaring page `whole` (one of them,
+    /// owned whole by this node in this phase) overwritten; the program writes all its words next.
+    Overwrite(u32, u32, u32),
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -79,24 +83,45 @@ fn generate(rng: &mut Rng, s: &Shape) -> Vec<Vec<Op>> {
     let mut progs = vec![Vec::new(); s.n];
     let mut counter = 0u32;
     for phase in 0..s.phases {
-        let roles: Vec<Role> = (0..s.words)
+        let mut roles: Vec<Role> = (0..s.words)
             .map(|_| match rng.below(10) {
                 0..=3 => Role::Owner(rng.below(s.n as u64) as usize),
                 4..=6 => Role::Locked(rng.below(u64::from(s.nlocks)) as u32),
                 _ => Role::ReadOnly,
             })
             .collect();
+        let npages = s.words.div_ceil(WORDS_PER_PAGE);
+        if rng.chance(40) {
+            let (q, owner) = (rng.below(u64::from(npages)) as u32, rng.below(s.n as u64) as usize);
+            let words = q * WORDS_PER_PAGE..((q + 1) * WORDS_PER_PAGE).min(s.words);
+            roles[words.start as usize..words.end as usize].fill(Role::Owner(owner));
+        }
         for (me, prog) in progs.iter_mut().enumerate() {
             let free: Vec<u32> = (0..s.words)
                 .filter(|&w| {
                     matches!(roles[w as usize], Role::ReadOnly) || roles[w as usize] == Role::Owner(me)
                 })
                 .collect();
+            let whole_pages: Vec<u32> = (0..npages)
+                .filter(|&q| {
+                    (q * WORDS_PER_PAGE..((q + 1) * WORDS_PER_PAGE).min(s.words))
+                        .all(|w| roles[w as usize] == Role::Owner(me))
+                })
+                .collect();
             for _ in 0..rng.below(25) {
                 if rng.chance(10) {
-                    let npages = s.words.div_ceil(WORDS_PER_PAGE);
                     let first = rng.below(u64::from(npages)) as u32;
                     prog.push(Op::Validate(first, 1 + rng.below(u64::from(npages - first)) as u32));
+                }
+                if !whole_pages.is_empty() && rng.chance(15) {
+                    let q = whole_pages[rng.below(whole_pages.len() as u64) as usize];
+                    let first = q.saturating_sub(rng.below(2) as u32);
+                    let end = (q + 1 + rng.below(2) as u32).min(npages);
+                    prog.push(Op::Overwrite(first, end - first, q));
+                    for w in q * WORDS_PER_PAGE..((q + 1) * WORDS_PER_PAGE).min(s.words) {
+                        counter += 1;
+                        prog.push(Op::Write(w, counter));
+                    }
                 }
                 if rng.chance(35) {
                     let l = rng.below(u64::from(s.nlocks)) as u32;
@@ -327,6 +352,17 @@ impl Sim {
                 );
                 self.local_validations += u64::from(local);
             }
+            Op::Overwrite(first, count, whole) => {
+                sn.blocked = true;
+                let pages: Vec<PageIdx> = (first..first + count).map(PageIdx).collect();
+                let whole = [PageIdx(whole)];
+                let local = sn.node.overwrites_locally(&pages, &whole);
+                self.core(i, |n| n.request_overwrite(&pages, &whole));
+                assert!(
+                    !local || !self.nodes[i].blocked,
+                    "seed {seed}: node {i}: overwrite of {pages:?} said local but did not complete at once"
+                );
+            }
         }
     }
 
@@ -541,6 +577,7 @@ fn random_data_race_free_programs_read_sequentially_consistent_values() {
         totals.collections > 500 && totals.pages_dropped > 100 && totals.page_requests_sent > 100,
         "{totals:?}"
     );
+    assert!(totals.pages_overwritten > 100 && totals.diffs_superseded > 10, "{totals:?}");
 }
 
 #[test]

@@ -62,6 +62,10 @@ pub struct ProtocolStats {
     /// mapped so that the first touch takes no fault (`Node::back_heap`).
     pub pages_backed: u64,
     pub pages_backed_mapped: u64,
+    /// Stale pages declared overwritten, so not fetched (`Node::request_overwrite`), and diffs
+    /// received later that such an overwrite had superseded (not applied).
+    pub pages_overwritten: u64,
+    pub diffs_superseded: u64,
     /// Most consistency data (records, notices, twins, diffs) held at once, in bytes.
     pub peak_consistency_bytes: u64,
 }
@@ -104,6 +108,8 @@ impl std::ops::AddAssign<&ProtocolStats> for ProtocolStats {
         self.gc_bytes_reclaimed += o.gc_bytes_reclaimed;
         self.pages_backed += o.pages_backed;
         self.pages_backed_mapped += o.pages_backed_mapped;
+        self.pages_overwritten += o.pages_overwritten;
+        self.diffs_superseded += o.diffs_superseded;
         self.peak_consistency_bytes = self.peak_consistency_bytes.max(o.peak_consistency_bytes);
     }
 }

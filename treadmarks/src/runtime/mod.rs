@@ -65,10 +65,12 @@ pub(crate) enum Command {
     Exit,
     Ping(NodeId),
     /// Bring these pages up to date (a view is about to be used); with `write`, twin them ahead
-    /// of the writes too.
+    /// of the writes too. The pages of `whole` (only with `write`) are about to be overwritten
+    /// entirely: not fetched if stale (`Node::request_overwrite`).
     Validate {
         pages: Vec<PageIdx>,
         write: bool,
+        whole: Vec<PageIdx>,
     },
     Stats,
     /// Stop the service thread (the application gave up on a failed job): flush what is
@@ -104,7 +106,8 @@ pub(crate) fn start(
         Command::Distribute(bytes) => node.request_distribute(bytes)?,
         Command::Exit => node.request_exit()?,
         Command::Ping(peer) => node.request_ping(peer)?,
-        Command::Validate { pages, write } => node.request_validate(&pages, write)?,
+        Command::Validate { pages, write: true, whole } => node.request_overwrite(&pages, &whole)?,
+        Command::Validate { pages, write: false, .. } => node.request_validate(&pages, false)?,
         Command::Stats | Command::Shutdown => unreachable!("answered by the engine"),
     }
     Ok(None)
@@ -245,17 +248,22 @@ impl Engine {
     /// Brings `pages` up to date before a view of them is used. Needs no `&mut`: the
     /// application's views may be alive, and only invalid pages (which no view has touched since
     /// the last synchronization) change. A one-node job has no invalid pages.
-    pub fn validate(&self, pages: Vec<PageIdx>, write: bool) -> Result<()> {
+    /// `whole`: pages (of `pages`, only with `write`) the application overwrites entirely.
+    pub fn validate(&self, pages: Vec<PageIdx>, write: bool, whole: Vec<PageIdx>) -> Result<()> {
         match self {
             Engine::Local { .. } => Ok(()),
             Engine::Remote { mailbox, node, heap, .. } => {
                 if !mailbox.failed.load(Ordering::Acquire) {
                     // Some(completed at once) if the node said it needs no message.
                     let here = Self::on_app_thread(mailbox, node, heap, |node| -> Result<Option<bool>> {
-                        if !node.validates_locally(&pages) {
+                        if !node.overwrites_locally(&pages, &whole) {
                             return Ok(None);
                         }
-                        node.request_validate(&pages, write)?;
+                        if write {
+                            node.request_overwrite(&pages, &whole)?;
+                        } else {
+                            node.request_validate(&pages, false)?;
+                        }
                         Ok(Some(node.poll_done() == Some(AppDone::Validated)))
                     })?;
                     match here {
@@ -270,7 +278,7 @@ impl Engine {
                         None => {}
                     }
                 }
-                Self::validated(Self::call_remote(mailbox, Command::Validate { pages, write })?)
+                Self::validated(Self::call_remote(mailbox, Command::Validate { pages, write, whole })?)
             }
         }
     }
