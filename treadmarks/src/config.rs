@@ -13,7 +13,7 @@
 //! | bound on meeting the other nodes | `TMK_CONNECT_TIMEOUT` (seconds) | | 30 |
 //! | how long the application polls for a reply, or for a fault's resolution, before it sleeps | `TMK_SPIN_US` (µs) | | 100 |
 //! | push diffs at barriers to pages' earlier readers | `TMK_PUSH=0` turns it off | | on |
-//! | heap pages allocated so far backed with memory at each barrier, ahead of their first touch (the valid ones mapped, too) | `TMK_BACK_HEAP=0` turns it off | | on |
+//! | heap pages allocated so far backed with memory ahead of their first touch (the valid ones mapped, too): node 0 in its own allocations, the others when a distributed value comes, everybody at barriers | `TMK_BACK_HEAP=0` turns it off | | on |
 //! | diff memory backed at startup (multi-node jobs) | `TMK_DIFF_RESERVE` (`16MiB`, bytes; 0 turns it off) | | the collection threshold plus one 2 MiB chunk, at most 64 MiB |
 //! | twin memory backed at startup (multi-node jobs): the twins of the first pages twinned | `TMK_TWIN_RESERVE` (bytes; 0 turns it off) | | 32 MiB, at most the heap |
 //! | most lock tokens a grant passes along unasked (locks the acquirer took after this one last time, or the ids after it) | `TMK_LOCK_BUNDLE` (0 turns it off) | | 32 |
@@ -63,7 +63,7 @@ pub struct Config {
     pub gc_threshold: u64,
     /// Push diffs at barriers to the pages' earlier readers (`protocol/push.rs`).
     pub push: bool,
-    /// Back the allocated heap with memory at barriers (`protocol/collective.rs`).
+    /// Back the allocated heap with memory ahead of its first touch (`protocol/collective.rs`).
     pub back_heap: bool,
     /// Diff memory (bytes) a node of a multi-node job backs at startup (`TMK_DIFF_RESERVE`,
     /// `mem/chunk.rs`); `None`: [`Config::diff_reserve_bytes`]'s default.

@@ -97,8 +97,9 @@ impl<M: PageMemory> Node<M> {
     }
 
     /// Work left for after this node's messages are on their way: the pushes planned at its
-    /// barrier arrival, and backing the heap it has heard of while it waits there. The runtime
-    /// calls [`Node::run_deferred`] once it has sent them.
+    /// barrier arrival, the write notices of a big episode the manager released, and backing the
+    /// heap it has heard of while it waits there. The runtime calls [`Node::run_deferred`] once
+    /// it has sent them.
     pub fn has_deferred(&self) -> bool {
         self.push_planned() || !self.notices_due.is_empty() || self.backing_due()
     }

@@ -540,18 +540,14 @@ impl<M: PageMemory> Node<M> {
             return;
         }
         let n = self.nprocs();
-        let notices: Vec<(NodeId, IntervalIdx, Vec<PageIdx>)> = new
-            .into_iter()
-            .map(|(node, index)| {
-                let rec = self.log.get(node, index).expect("a logged record stays until its notices apply");
-                (node, index, rec.pages.clone())
-            })
-            .collect();
+        fn logged(log: &IntervalLog, node: NodeId, index: IntervalIdx) -> &[PageIdx] {
+            &log.get(node, index).expect("a logged record stays until its notices apply").pages
+        }
         // Our twins of pages others wrote are cut (their diffs made) before the notices are
         // recorded, all revoked first with one protection change per run of pages.
-        let mut cut: Vec<PageIdx> = notices
+        let mut cut: Vec<PageIdx> = new
             .iter()
-            .flat_map(|(_, _, pages)| pages.iter().copied())
+            .flat_map(|&(node, index)| logged(&self.log, node, index).iter().copied())
             .filter(|p| self.pages[p.idx()].twin.is_some())
             .collect();
         cut.sort_unstable();
@@ -563,8 +559,9 @@ impl<M: PageMemory> Node<M> {
             self.cut_revoked(p, Access::None, false);
         }
         let mut invalid = Vec::new();
-        for (node, index, pages) in notices {
-            for &p in &pages {
+        for (node, index) in new {
+            let pages = logged(&self.log, node, index);
+            for &p in pages {
                 let w = self.pages[p.idx()].writer(node, n, &mut self.acct.writer_tables);
                 w.noticed = w.noticed.max(index);
                 invalid.push(p);
