@@ -352,23 +352,13 @@ impl Tmk {
     /// A mutable view of a shared array of which the application declares it touches only
     /// `parts`: they are validated (and twinned ahead) as by [`Tmk::view_mut`]; any other page
     /// of the view faults as usual when touched. For writes scattered over a big array that
-    /// others write too: radix sort's runs, one per digit value.
+    /// others write too: LU's blocks of a step.
     pub fn view_mut_parts<T: Pod>(
         &self,
         h: &Shared<[T]>,
         parts: impl IntoIterator<Item = Range<usize>>,
     ) -> Result<ViewMut<'_, T>> {
-        let view = self.borrows.view_mut(&self.heap, h)?;
-        let parts: Vec<Range<usize>> = parts.into_iter().collect();
-        if self.held.is_empty() {
-            let unwritable = self.pages_of_parts(h, parts.iter().cloned(), Heap::unwritable_pages)?;
-            if unwritable.len() >= TWIN_AHEAD_MIN_PAGES {
-                self.validate(unwritable, true, Vec::new())?;
-                return Ok(view);
-            }
-        }
-        self.validate(self.pages_of_parts(h, parts, Heap::invalid_pages)?, false, Vec::new())?;
-        Ok(view)
+        self.view_mut_declared(h, parts.into_iter().collect(), false)
     }
 
     /// A mutable view of a shared array of which the application declares it overwrites every
@@ -389,23 +379,35 @@ impl Tmk {
         h: &Shared<[T]>,
         parts: impl IntoIterator<Item = Range<usize>>,
     ) -> Result<ViewMut<'_, T>> {
-        let parts: Vec<Range<usize>> = parts.into_iter().collect();
-        if !self.held.is_empty() {
-            return self.view_mut_parts(h, parts);
-        }
-        let unwritable = self.pages_of_parts(h, parts.iter().cloned(), Heap::unwritable_pages)?;
-        if unwritable.len() < TWIN_AHEAD_MIN_PAGES {
-            return self.view_mut_parts(h, parts);
-        }
+        self.view_mut_declared(h, parts.into_iter().collect(), true)
+    }
+
+    /// [`Tmk::view_mut_parts`], and with `overwrite` [`Tmk::view_overwrite_parts`].
+    fn view_mut_declared<T: Pod>(
+        &self,
+        h: &Shared<[T]>,
+        parts: Vec<Range<usize>>,
+        overwrite: bool,
+    ) -> Result<ViewMut<'_, T>> {
         let view = self.borrows.view_mut(&self.heap, h)?;
-        let whole = self.pages_of_parts(h, parts, |heap, offset, len| {
-            let ps = heap.page_size() as u64;
-            let first = offset.div_ceil(ps);
-            let end = (offset + len) / ps;
-            (first..end.max(first)).map(|p| PageIdx(p as u32)).collect()
-        })?;
-        let whole: Vec<PageIdx> = whole.into_iter().filter(|p| unwritable.binary_search(p).is_ok()).collect();
-        self.validate(unwritable, true, whole)?;
+        if self.held.is_empty() {
+            let unwritable = self.pages_of_parts(h, parts.iter().cloned(), Heap::unwritable_pages)?;
+            if unwritable.len() >= TWIN_AHEAD_MIN_PAGES {
+                let whole = if overwrite {
+                    let inside = self.pages_of_parts(h, parts, |heap, offset, len| {
+                        let ps = heap.page_size() as u64;
+                        let first = offset.div_ceil(ps);
+                        (first..((offset + len) / ps).max(first)).map(|p| PageIdx(p as u32)).collect()
+                    })?;
+                    inside.into_iter().filter(|p| unwritable.binary_search(p).is_ok()).collect()
+                } else {
+                    Vec::new()
+                };
+                self.validate(unwritable, true, whole)?;
+                return Ok(view);
+            }
+        }
+        self.validate(self.pages_of_parts(h, parts, Heap::invalid_pages)?, false, Vec::new())?;
         Ok(view)
     }
 
