@@ -78,6 +78,14 @@ fn ramped<T>(mut items: &[T]) -> impl Iterator<Item = &[T]> {
     })
 }
 
+/// `pages` sorted, each once (for membership tests by bisection).
+fn sorted(pages: &[PageIdx]) -> Vec<PageIdx> {
+    let mut v = pages.to_vec();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
 /// What we know about one writer of a page.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WriterState {
@@ -320,8 +328,11 @@ impl<M: PageMemory> Node<M> {
         for &p in pages.iter().chain(whole) {
             self.check_page(self.me, p)?;
         }
-        let overwritten: Vec<PageIdx> =
-            whole.iter().copied().filter(|p| pages.contains(p) && self.supersedable(*p)).collect();
+        let listed = sorted(pages);
+        let overwritten: Vec<PageIdx> = sorted(whole)
+            .into_iter()
+            .filter(|p| listed.binary_search(p).is_ok() && self.supersedable(*p))
+            .collect();
         for &p in &overwritten {
             self.supersede(p);
         }
@@ -355,12 +366,15 @@ impl<M: PageMemory> Node<M> {
     /// [`Node::validates_locally`], but for the pages of `whole`, which need nothing fetched.
     pub fn overwrites_locally(&self, pages: &[PageIdx], whole: &[PageIdx]) -> bool {
         let npages = self.mem.npages();
+        let whole = sorted(whole);
         matches!(self.pending, Pending::None)
             && pages.iter().all(|&p| {
                 if p.0 >= npages || self.misses.contains_key(&p) {
                     return false;
                 }
-                if self.mem.access(p) != Access::None || (whole.contains(&p) && self.supersedable(p)) {
+                if self.mem.access(p) != Access::None
+                    || (whole.binary_search(&p).is_ok() && self.supersedable(p))
+                {
                     return true;
                 }
                 let meta = &self.pages[p.idx()];
