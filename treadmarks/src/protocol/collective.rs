@@ -9,8 +9,9 @@
 //! value they wait for comes (applications allocate at node 0 and distribute the handles before
 //! initializing), and every node at a barrier, as deferred work once its arrival (and its pushes)
 //! are sent, passing only once that is done, so that no node leaves the barrier later than the
-//! others for it (backing 8,192 pages takes ~9 ms on the 2-vCPU VM). Invariants: pages `0..backed_pages` have
-//! been backed; a page is backed at most once (memory freed and allocated again stays backed).
+//! others for it (backing 8,192 pages takes ~9 ms on the 2-vCPU VM). Invariants: pages
+//! `0..backed_pages` have been backed; a page is backed at most once (memory freed and allocated
+//! again stays backed).
 
 use super::ProtocolError;
 use super::ids::{NodeId, PageIdx};

@@ -8,8 +8,9 @@
 //! (only it reads and writes it), guarded by a lock (accessed only inside critical sections of
 //! that lock), or read-only. Pages are tiny (64 bytes), so words of different owners share pages
 //! (false sharing, multiple writers). Some phases give one node every word of a page, which it may
-//! declare overwritten (`Node::request_overwrite`) and then write in full. Writes to read-only pages take the fault handler's fast path
-//! or the protocol's slow path at random. Every message is round-tripped through postcard.
+//! declare overwritten (`Node::request_overwrite`) and then write in full. Writes to read-only
+//! pages take the fault handler's fast path or the protocol's slow path at random. Every message
+//! is round-tripped through postcard.
 //!
 //! Some runs give every link a speed of its own, and stall links for a while (FIFO still), so
 //! forwards go stale and crossing grants happen often; after every lock step each lock's token
