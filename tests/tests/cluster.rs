@@ -49,6 +49,11 @@ fn views_of_parts_fetch_only_the_pages_they_declare_or_touch() {
 }
 
 #[test]
+fn pages_declared_overwritten_are_not_fetched_and_reach_readers_whole() {
+    run("overwrite", 3, 18).assert_pass("overwrite");
+}
+
+#[test]
 fn neighbours_read_each_step_get_diffs_pushed_at_the_barrier() {
     run("push", 3, 15).assert_pass("push");
 }

@@ -223,6 +223,55 @@ fn parts(tmk: &mut Tmk) -> R {
     Ok(())
 }
 
+/// Node 1 fills 40 pages; node 0, holding its notices, declares it overwrites a range covering
+/// pages 3..=29 wholly and 2 and 30 in part, and writes it (a third of the words with 0, what its
+/// own stale copy holds): only the two partial pages are fetched, and every other node reads
+/// node 0's values, zeros included. Node 1 then writes one overwritten page again, and node 0's
+/// fetch of it skips node 1's superseded diff.
+fn overwrite(tmk: &mut Tmk) -> R {
+    const W: usize = 512; // u64 words per page
+    let me = tmk.proc_id();
+    let a = shared::<u64>(tmk, 40 * W)?;
+    if me == 1 {
+        tmk.view_mut(&a)?.iter_mut().enumerate().for_each(|(i, x)| *x = i as u64);
+    }
+    tmk.barrier(0)?;
+    let part = 2 * W + 100..30 * W + 7;
+    let mine = |i: usize| if i % 3 == 0 { 0 } else { 7_000_000 + i as u64 };
+    if me == 0 {
+        let before = tmk.stats()?.protocol;
+        let mut v = tmk.view_overwrite_parts(&a, [part.clone()])?;
+        part.clone().for_each(|i| v[i] = mine(i));
+        drop(v);
+        let after = tmk.stats()?.protocol;
+        let (skipped, fetched) =
+            (after.pages_overwritten - before.pages_overwritten, after.diffs_applied - before.diffs_applied);
+        check((skipped, fetched) == (27, 2), || {
+            format!("{skipped} pages overwritten unfetched and {fetched} diffs applied, want 27 and 2")
+        })?;
+    }
+    tmk.barrier(0)?;
+    let want = |i: usize| if part.contains(&i) { mine(i) } else { i as u64 };
+    let v = tmk.view(&a)?;
+    let bad = (0..40 * W).find(|&i| v[i] != want(i));
+    check(bad.is_none(), || format!("word {bad:?}: {:?}, want {:?}", bad.map(|i| v[i]), bad.map(want)))?;
+    drop(v);
+    tmk.barrier(0)?;
+    if me == 1 {
+        tmk.view_mut(&a)?[10 * W + 5] = 42;
+    }
+    tmk.barrier(0)?;
+    if me == 0 {
+        let v = tmk.view(&a.slice(10 * W, 11 * W))?;
+        let bad = (0..W).find(|&k| v[k] != if k == 5 { 42 } else { want(10 * W + k) });
+        check(bad.is_none(), || format!("page 10 word {bad:?} after node 1's rewrite"))?;
+        drop(v);
+        let skipped = tmk.stats()?.protocol.diffs_superseded;
+        check(skipped >= 1, || format!("{skipped} superseded diffs skipped"))?;
+    }
+    Ok(())
+}
+
 /// Each node rewrites its own page every step and reads its left neighbour's between two barriers:
 /// after the first step the neighbour's diffs come pushed with the barrier, not asked for. Then
 /// the nodes stop reading, and the pushes stop after going unused.
@@ -516,6 +565,7 @@ fn main() -> ExitCode {
             "lazy" => lazy(&mut tmk),
             "lock-walk" => lock_walk(&mut tmk),
             "parts" => parts(&mut tmk),
+            "overwrite" => overwrite(&mut tmk),
             "push" => push(&mut tmk),
             "kill" => kill(&mut tmk),
             "errors" => errors(&mut tmk),
