@@ -237,7 +237,7 @@ fn overwrite(tmk: &mut Tmk) -> R {
     }
     tmk.barrier(0)?;
     let part = 2 * W + 100..30 * W + 7;
-    let mine = |i: usize| if i % 3 == 0 { 0 } else { 7_000_000 + i as u64 };
+    let mine = |i: usize| if i.is_multiple_of(3) { 0 } else { 7_000_000 + i as u64 };
     if me == 0 {
         let before = tmk.stats()?.protocol;
         let mut v = tmk.view_overwrite_parts(&a, [part.clone()])?;
