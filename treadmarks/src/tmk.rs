@@ -364,9 +364,10 @@ impl Tmk {
     /// A mutable view of a shared array of which the application declares it overwrites every
     /// element of `parts` (element ranges of `h`, in any order) before it reads any of them: as
     /// [`Tmk::view_mut_parts`], except that the pages lying wholly inside a part are not brought
-    /// up to date first when they are stale, since their bytes are about to be replaced. They are
-    /// diffed whole afterwards (see `protocol::page`). For output written in full: radix sort's
-    /// runs, one per digit value, land on pages the other nodes wrote at the previous pass.
+    /// up to date first when they are stale, since their bytes are about to be replaced, and are
+    /// diffed whole afterwards, stale or not: a copy, not a comparison (see `protocol::page`),
+    /// though more bytes where many words keep their values. For output written in full: radix
+    /// sort's runs, one per digit value, land on pages the other nodes wrote at the previous pass.
     ///
     /// The declaration is the caller's promise to write every element of the parts through this
     /// view (so before the next synchronization, which the view cannot outlive) before reading

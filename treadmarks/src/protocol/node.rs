@@ -68,11 +68,12 @@ pub(crate) enum Pending {
     Acquire(LockId),
     Barrier(BarrierId),
     Fault,
-    /// Pages still to validate for [`Node::request_validate`], and the pages to twin ahead of
-    /// writes once they are valid.
+    /// Pages still to validate for [`Node::request_validate`], the pages to twin ahead of
+    /// writes once they are valid, and those of them declared overwritten (to diff whole).
     Validate {
         left: usize,
         then_write: Vec<PageIdx>,
+        whole: Vec<PageIdx>,
     },
     Alloc,
     Free,

@@ -13,9 +13,11 @@
 //!   notice, the newest interval `applied` whose changes we have, and the newest diff `applied_seq`
 //!   of `n` we have applied. The page is stale (and invalid) while some `noticed > applied`.
 //! - `diffs`: our own diffs of the page, oldest first.
-//! - `whole`: the page was declared overwritten while stale ([`Node::request_overwrite`]): its
-//!   twin may lack writes that readers hold, so the next diff cut from it is the whole page, and
-//!   the page is noticed at its interval's close even if it equals its twin.
+//! - `whole`: the page was declared overwritten ([`Node::request_overwrite`]): the next diff cut
+//!   from its twin is the whole page, and the page is noticed at its interval's close even if it
+//!   equals its twin. For a page that was stale, this is needed (its twin may lack writes that
+//!   readers hold); for a valid one it is cheaper to make and apply: a copy, not a comparison
+//!   and a masked merge (though more bytes where many words keep their values).
 //!
 //! # Overwritten pages
 //! A view may declare that the application overwrites every byte of some pages before reading
@@ -312,8 +314,8 @@ impl<M: PageMemory> Node<M> {
 
     /// [`Node::request_validate`] of `pages` for writing, where the application also declares
     /// that it overwrites every byte of the pages `whole` (some of `pages`) before it reads any:
-    /// those that are stale are not fetched, but superseded (see the module docs). Completes with
-    /// [`AppDone::Validated`].
+    /// those that are stale are not fetched, but superseded (see the module docs), and all of
+    /// them are diffed whole. Completes with [`AppDone::Validated`].
     pub fn request_overwrite(&mut self, pages: &[PageIdx], whole: &[PageIdx]) -> Result<(), ProtocolError> {
         self.validate_pages(pages, true, whole)
     }
@@ -329,10 +331,12 @@ impl<M: PageMemory> Node<M> {
             self.check_page(self.me, p)?;
         }
         let listed = sorted(pages);
-        let overwritten: Vec<PageIdx> = sorted(whole)
-            .into_iter()
-            .filter(|p| listed.binary_search(p).is_ok() && self.supersedable(*p))
-            .collect();
+        let whole: Vec<PageIdx> = if write {
+            sorted(whole).into_iter().filter(|p| listed.binary_search(p).is_ok()).collect()
+        } else {
+            Vec::new()
+        };
+        let overwritten: Vec<PageIdx> = whole.iter().copied().filter(|&p| self.supersedable(p)).collect();
         for &p in &overwritten {
             self.supersede(p);
         }
@@ -344,13 +348,13 @@ impl<M: PageMemory> Node<M> {
             .collect();
         let then_write = if write { pages.to_vec() } else { Vec::new() };
         if invalid.is_empty() {
-            self.twin_ahead(&then_write);
+            self.twin_ahead(&then_write, &whole);
             self.done.push_back(AppDone::Validated);
             return Ok(());
         }
         self.stats.read_misses += invalid.len() as u64;
         self.stats.validations += 1;
-        self.pending = Pending::Validate { left: invalid.len(), then_write };
+        self.pending = Pending::Validate { left: invalid.len(), then_write, whole };
         self.start_misses(&invalid, false, MissFor::Validate)?;
         self.deliver_local()
     }
@@ -403,12 +407,15 @@ impl<M: PageMemory> Node<M> {
             w.superseded = w.noticed;
             w.applied = w.noticed;
         }
+        // Its copy is stale: whatever twin it gets next (made ahead by this view, in practice),
+        // the diff cut from it must be whole.
         meta.whole = true;
         self.stats.pages_overwritten += 1;
     }
 
-    /// Twins every valid read-only page of `pages` (ascending) and makes them writable, in runs.
-    fn twin_ahead(&mut self, pages: &[PageIdx]) {
+    /// Twins every valid read-only page of `pages` (ascending) and makes them writable, in runs;
+    /// then marks the twinned pages of `whole` (declared overwritten) to be diffed whole.
+    fn twin_ahead(&mut self, pages: &[PageIdx], whole: &[PageIdx]) {
         let open = self.open_interval();
         let readable: Vec<PageIdx> =
             pages.iter().copied().filter(|&p| self.mem.access(p) == Access::Read).collect();
@@ -426,6 +433,10 @@ impl<M: PageMemory> Node<M> {
         }
         self.stats.twins_ahead += twinned.len() as u64;
         self.set_access_in_runs(twinned, Access::ReadWrite);
+        for &p in whole {
+            let meta = &mut self.pages[p.idx()];
+            meta.whole |= meta.twin.is_some();
+        }
     }
 
     /// Asks every writer with unapplied notices for its diffs of `pages` (one request per writer,
@@ -659,10 +670,11 @@ impl<M: PageMemory> Node<M> {
                     let mut pages = std::mem::take(&mut self.validated);
                     pages.sort_unstable();
                     self.set_access_in_runs(pages, Access::Read);
-                    let Pending::Validate { then_write, .. } = std::mem::take(&mut self.pending) else {
+                    let Pending::Validate { then_write, whole, .. } = std::mem::take(&mut self.pending)
+                    else {
                         unreachable!("checked above")
                     };
-                    self.twin_ahead(&then_write);
+                    self.twin_ahead(&then_write, &whole);
                     self.done.push_back(AppDone::Validated);
                 }
             }

@@ -677,7 +677,7 @@ fn a_stale_page_declared_overwritten_is_not_fetched_and_its_diff_is_whole() {
 }
 
 #[test]
-fn a_valid_page_declared_overwritten_is_an_ordinary_write() {
+fn a_valid_page_declared_overwritten_is_diffed_whole() {
     let mut net = Net::new(2);
     net.write(1, 1, 0, 7);
     net.barrier();
@@ -685,11 +685,16 @@ fn a_valid_page_declared_overwritten_is_an_ordinary_write() {
     net.nodes[0].request_overwrite(&[PageIdx(1), PageIdx(2)], &[PageIdx(1)]).unwrap();
     net.settle();
     assert_eq!(net.done(0), Some(AppDone::Validated));
-    assert_eq!(net.nodes[0].stats().pages_overwritten, 0, "page 1 was up to date");
-    net.write(0, 1, 1, 3);
+    assert_eq!(net.nodes[0].stats().pages_overwritten, 0, "page 1 was up to date: nothing superseded");
+    // Every byte written, byte 0 with the value it had.
+    for b in 0..PAGE {
+        net.write(0, 1, b, if b == 0 { 7 } else { 3 });
+    }
+    let made = net.nodes[0].stats().diff_bytes_created;
     net.barrier();
-    // Only the changed byte travels, as for any write.
     assert_eq!((net.read(1, 1, 0), net.read(1, 1, 1)), (7, 3));
+    // Node 0's diff of page 1 is the whole page: a two-byte run header, then the 64 bytes.
+    assert_eq!(net.nodes[0].stats().diff_bytes_created - made, PAGE as u64 + 2);
 }
 
 #[test]
