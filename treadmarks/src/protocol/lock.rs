@@ -183,7 +183,8 @@ impl<M: PageMemory> Node<M> {
             if out.len() >= self.lock_history.limit() {
                 break;
             }
-            if b == lock || out.contains(&b) || self.lock_history.expects(b) {
+            // A lock wished twice is bundled once: its token is gone after the first time.
+            if b == lock || self.lock_history.expects(b) {
                 continue;
             }
             let manager = self.manager_of(b);
