@@ -468,10 +468,9 @@ impl Heap {
                     } else {
                         libc::MADV_POPULATE_READ
                     };
-                    // SAFETY: the range lies inside the application view this heap owns; the
-                    // pages' protection allows the access populating simulates (read-only pages
-                    // are read, writable ones written), so it only maps the memfd pages just
-                    // allocated, and changes no byte. No Rust reference into the view exists.
+                    // SAFETY: the range is inside the application view this heap owns, and its pages'
+                    // protection allows the access populating simulates: it maps the memfd pages
+                    // just allocated and changes no byte. No Rust reference into the view exists.
                     unsafe { libc::madvise(start as *mut libc::c_void, len, advice) == 0 }
                 }
             };
