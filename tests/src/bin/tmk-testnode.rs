@@ -249,7 +249,8 @@ fn overwrite(tmk: &mut Tmk) -> R {
         check((skipped, fetched) == (27, 2), || {
             format!("{skipped} pages overwritten unfetched and {fetched} diffs applied, want 27 and 2")
         })?;
-        let e = tmk.view_overwrite_parts(&a, [40 * W - 1..40 * W + 1]).unwrap_err().to_string();
+        let e =
+            tmk.view_overwrite_parts(&a, std::iter::once(40 * W - 1..40 * W + 1)).unwrap_err().to_string();
         check(e.contains("part 20479..20481") && e.contains("20480-element"), || e.clone())?;
     }
     tmk.barrier(0)?;
