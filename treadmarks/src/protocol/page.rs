@@ -330,8 +330,10 @@ impl<M: PageMemory> Node<M> {
         for &p in pages.iter().chain(whole) {
             self.check_page(self.me, p)?;
         }
-        let listed = sorted(pages);
-        let whole: Vec<PageIdx> = if write {
+        // Only the declared pages that are also validated (sorted once, and only if there are
+        // any: this runs for every view).
+        let whole: Vec<PageIdx> = if write && !whole.is_empty() {
+            let listed = sorted(pages);
             sorted(whole).into_iter().filter(|p| listed.binary_search(p).is_ok()).collect()
         } else {
             Vec::new()

@@ -89,6 +89,17 @@ pub(crate) enum Reply {
 
 /// Starts `cmd` on `node`. Returns `Some` for a command that needs no completion (release);
 /// every other command completes through [`Node::poll_done`], possibly at once.
+/// [`Command::Validate`]: a plain validation, or with `write` one that may declare pages
+/// overwritten.
+fn request_validate(
+    node: &mut Node<HeapPages>,
+    pages: &[PageIdx],
+    write: bool,
+    whole: &[PageIdx],
+) -> std::result::Result<(), crate::protocol::ProtocolError> {
+    if write { node.request_overwrite(pages, whole) } else { node.request_validate(pages, false) }
+}
+
 pub(crate) fn start(
     node: &mut Node<HeapPages>,
     cmd: Command,
@@ -106,8 +117,7 @@ pub(crate) fn start(
         Command::Distribute(bytes) => node.request_distribute(bytes)?,
         Command::Exit => node.request_exit()?,
         Command::Ping(peer) => node.request_ping(peer)?,
-        Command::Validate { pages, write: true, whole } => node.request_overwrite(&pages, &whole)?,
-        Command::Validate { pages, write: false, .. } => node.request_validate(&pages, false)?,
+        Command::Validate { pages, write, whole } => request_validate(node, &pages, write, &whole)?,
         Command::Stats | Command::Shutdown => unreachable!("answered by the engine"),
     }
     Ok(None)
@@ -259,11 +269,7 @@ impl Engine {
                         if !node.overwrites_locally(&pages, &whole) {
                             return Ok(None);
                         }
-                        if write {
-                            node.request_overwrite(&pages, &whole)?;
-                        } else {
-                            node.request_validate(&pages, false)?;
-                        }
+                        request_validate(node, &pages, write, &whole)?;
                         Ok(Some(node.poll_done() == Some(AppDone::Validated)))
                     })?;
                     match here {
