@@ -167,6 +167,49 @@ fn backed_pages_exist_and_are_read_without_a_fault(backend: FaultBackend, test: 
     .assert_success();
 }
 
+/// A run of written pages that is write-protected (an interval's close) and made writable again
+/// (the next twins made ahead of writes) takes no fault when the application writes it again, and
+/// keeps its bytes: on userfaultfd, clearing the write protection of a shared page would leave
+/// its page-table entry read-only, so a long run is unmapped and mapped again writable instead.
+fn rewritable_runs_take_no_fault_on_their_next_write(backend: FaultBackend, test: &str) {
+    run_in_child(test, || {
+        let heap = map(layout(20, 16), backend).unwrap();
+        let ps = heap.page_size();
+        let bell = Doorbell::new().unwrap();
+        let mut pages = HeapPages(heap.clone());
+        let _handler = FaultHandler::install(heap.clone(), bell.clone()).unwrap();
+        let run = 2..10u32;
+        let count = run.len() as u32;
+        for p in run.clone() {
+            pages.make_twin(PageIdx(p));
+        }
+        pages.set_access(PageIdx(run.start), count, Access::ReadWrite);
+        for p in run.clone() {
+            app_write(&heap, p as usize * ps + 3, p as u8);
+        }
+        pages.set_access(PageIdx(run.start), count, Access::Read);
+        for p in run.clone() {
+            pages.make_twin(PageIdx(p));
+        }
+        pages.set_access(PageIdx(run.start), count, Access::ReadWrite);
+        let before = minor_faults();
+        for p in run.clone() {
+            app_write(&heap, p as usize * ps + 4, 0x77);
+        }
+        let faults = minor_faults() - before;
+        assert_eq!(faults, 0, "writing pages made writable again faulted");
+        for p in run {
+            let bytes = [app_read(&heap, p as usize * ps + 3), app_read(&heap, p as usize * ps + 4)];
+            assert_eq!(bytes, [p as u8, 0x77], "page {p}");
+            assert_eq!(pages.twin(PageIdx(p))[3], p as u8, "twin of page {p}");
+        }
+        let c = heap.counters();
+        assert_eq!((c.fast_write_faults, c.handoffs, c.minor_maps), (0, 0, 0), "{c:?}");
+        assert_eq!(bell.take_fault(), None);
+    })
+    .assert_success();
+}
+
 fn slow_path_hands_the_fault_to_the_service_thread(backend: FaultBackend, test: &str) {
     run_in_child(test, || {
         let heap = map(layout(11, 16), backend).unwrap();
@@ -375,6 +418,7 @@ on_both_backends!(
     fast_path_twins_a_write_to_a_read_only_page,
     pages_made_writable_ahead_take_no_fault,
     backed_pages_exist_and_are_read_without_a_fault,
+    rewritable_runs_take_no_fault_on_their_next_write,
     slow_path_hands_the_fault_to_the_service_thread,
     fault_from_another_thread_aborts_with_a_message,
     fault_outside_the_heap_chains_to_the_default_action,
