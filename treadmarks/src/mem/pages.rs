@@ -160,6 +160,35 @@ impl PageMemory for HeapPages {
         page == twin
     }
 
+    fn page_while_blocked(&self, p: PageIdx) -> &[u8] {
+        let i = self.check(p);
+        let s = state::load_stable(self.0.state(i));
+        assert!(
+            s != state::INVALID,
+            "HeapPages::page_while_blocked({p}): the page is invalid (bug in the caller)"
+        );
+        // The caller guarantees the application thread is inside a synchronization call, so
+        // nothing writes the page meanwhile, writable or not (as in `same_as_twin`).
+        // SAFETY: one page of the runtime view, live while `self.0` is, not written meanwhile.
+        unsafe { std::slice::from_raw_parts(self.0.runtime_page(i), self.0.page_size()) }
+    }
+
+    fn renew_twin_while_blocked(&mut self, p: PageIdx) {
+        let i = self.check(p);
+        let heap = &*self.0;
+        // Own the page so the handler cannot twin it at the same time.
+        let s = state::acquire_busy(heap.state(i));
+        if s == state::INVALID {
+            heap.state(i).store(s, Ordering::Release);
+            panic!("HeapPages::renew_twin_while_blocked({p}): the page is invalid (bug in the caller)");
+        }
+        // SAFETY: we own the page's BUSY state, so the handler does not twin it concurrently,
+        // and the caller guarantees the application thread is inside a synchronization call, so
+        // nobody writes the page, writable or not.
+        unsafe { heap.copy_to_twin(i) };
+        heap.state(i).store(s, Ordering::Release);
+    }
+
     fn back(&mut self, first: PageIdx, count: u32) -> u32 {
         let heap = &*self.0;
         let end = u64::from(first.0) + u64::from(count);

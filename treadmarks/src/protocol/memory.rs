@@ -64,6 +64,13 @@ pub trait PageMemory {
     /// on a `ReadWrite` page only while the application thread is inside a synchronization call,
     /// so that nothing writes the page meanwhile.
     fn same_as_twin(&self, p: PageIdx) -> bool;
+    /// The bytes of valid page `p`, `ReadWrite` included, while the application thread is inside
+    /// a synchronization call (so that nothing writes the page meanwhile), like
+    /// [`PageMemory::same_as_twin`]. [`VecMemory`] checks only that the page is valid.
+    fn page_while_blocked(&self, p: PageIdx) -> &[u8];
+    /// Copies valid page `p`, `ReadWrite` included, into its twin slot, under the contract of
+    /// [`PageMemory::page_while_blocked`].
+    fn renew_twin_while_blocked(&mut self, p: PageIdx);
 }
 
 /// A [`PageMemory`] over plain vectors, for tests and the simulation. It checks the page-sharing
@@ -76,6 +83,9 @@ pub struct VecMemory {
     access: Vec<Access>,
     /// How many times [`PageMemory::back`] covered each page.
     backed: Vec<u32>,
+    /// How many protection changes ([`PageMemory::set_access`], [`PageMemory::freeze`]) each page
+    /// has had.
+    changes: Vec<u32>,
 }
 
 impl VecMemory {
@@ -87,7 +97,14 @@ impl VecMemory {
             twins: vec![None; npages as usize],
             access: vec![access; npages as usize],
             backed: vec![0; npages as usize],
+            changes: vec![0; npages as usize],
         }
+    }
+
+    /// How many protection changes page `p` has had: calls of [`PageMemory::set_access`] or
+    /// [`PageMemory::freeze`] that covered it and changed its protection.
+    pub fn protection_changes(&self, p: PageIdx) -> u32 {
+        self.changes[p.idx()]
     }
 
     /// How many times [`PageMemory::back`] covered page `p`.
@@ -123,7 +140,9 @@ impl PageMemory for VecMemory {
     }
 
     fn set_access(&mut self, first: PageIdx, count: u32, access: Access) {
-        for a in &mut self.access[first.idx()..first.idx() + count as usize] {
+        let pages = first.idx()..first.idx() + count as usize;
+        for (a, c) in self.access[pages.clone()].iter_mut().zip(&mut self.changes[pages]) {
+            *c += u32::from(*a != access);
             *a = access;
         }
     }
@@ -156,6 +175,17 @@ impl PageMemory for VecMemory {
 
     fn same_as_twin(&self, p: PageIdx) -> bool {
         self.twins[p.idx()].as_deref() == Some(&self.pages[p.idx()][..])
+    }
+
+    fn page_while_blocked(&self, p: PageIdx) -> &[u8] {
+        assert_ne!(self.access[p.idx()], Access::None, "runtime read of invalid {p} as valid");
+        &self.pages[p.idx()]
+    }
+
+    fn renew_twin_while_blocked(&mut self, p: PageIdx) {
+        assert_ne!(self.access[p.idx()], Access::None, "twin of invalid {p} renewed");
+        let copy = self.pages[p.idx()].clone();
+        self.twins[p.idx()] = Some(copy);
     }
 
     fn back(&mut self, first: PageIdx, count: u32) -> u32 {

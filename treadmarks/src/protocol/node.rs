@@ -304,7 +304,7 @@ impl<M: PageMemory> Node<M> {
                 for a in &asks {
                     self.check_page(from, a.page)?;
                 }
-                let pages = self.serve_diff_request(&asks);
+                let pages = self.serve_diff_request(&asks, false);
                 self.note_subscribers(from, &asks, &pages);
                 self.outbox.push_back((from, Message::DiffReply { pages }));
                 Ok(())

@@ -41,7 +41,7 @@ use super::ProtocolError;
 use super::ids::{DiffSeq, IntervalIdx, NodeId, PageIdx};
 use super::memory::PageMemory;
 use super::msg::{DiffAsk, DiffWire, Message, PageDiffs, PushedDiffs};
-use super::node::Node;
+use super::node::{Node, Pending};
 use super::page::WriterState;
 use std::collections::BTreeMap;
 
@@ -185,11 +185,17 @@ impl<M: PageMemory> Node<M> {
     }
 
     /// Cuts the twins of the push planned at our barrier arrival and sends it, one message per
-    /// subscriber.
+    /// subscriber. The application waits in the barrier until it is sent (`try_pass`), so
+    /// the twins are cut without revoking write access first.
     pub(crate) fn send_planned_push(&mut self) {
+        assert!(
+            matches!(self.pending, Pending::Barrier(_)),
+            "a push sent outside the barrier it was planned at ({:?})",
+            self.pending
+        );
         let (episode, closed) = self.push.planned_for;
         for (to, asks) in std::mem::take(&mut self.push.planned) {
-            let served = self.serve_diff_request(&asks);
+            let served = self.serve_diff_request(&asks, true);
             self.note_subscribers(to, &asks, &served);
             // A page whose twin turned out unchanged goes too, with no diffs: its notice still
             // stands, and the push saves the subscriber asking for nothing.

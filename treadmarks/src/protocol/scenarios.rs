@@ -405,6 +405,39 @@ fn a_page_read_last_epoch_has_its_next_diffs_pushed_until_it_goes_unread() {
 }
 
 #[test]
+fn a_push_cuts_writable_pages_without_revoking_their_access() {
+    let mut net = Net::new(2);
+    net.write(0, 1, 0, 1);
+    net.write(0, 2, 0, 1);
+    net.barrier();
+    // Node 1 reads both pages, so node 0 pushes their next diffs.
+    assert_eq!((net.read(1, 1, 0), net.read(1, 2, 0)), (1, 1));
+    // Page 2 is written in an interval a release closes, page 1 in the one the arrival closes.
+    net.write(0, 2, 0, 2);
+    net.nodes[0].request_acquire(LockId(0)).unwrap();
+    net.settle();
+    assert_eq!(net.done(0), Some(AppDone::Acquired(LockId(0))));
+    net.nodes[0].request_release(LockId(0)).unwrap();
+    net.settle();
+    net.write(0, 1, 0, 2);
+    let before = [1, 2].map(|p| net.nodes[0].mem().protection_changes(PageIdx(p)));
+    let pushed = net.nodes[0].stats().diffs_pushed;
+    net.barrier();
+    assert_eq!(net.nodes[0].stats().diffs_pushed, pushed + 2);
+    // The application waited in the barrier while the twins were cut: page 1, likely still
+    // being written, keeps a renewed twin and its access untouched; page 2 ends read-only.
+    let changes = [1, 2].map(|p| net.nodes[0].mem().protection_changes(PageIdx(p)) - before[p as usize - 1]);
+    assert_eq!(changes, [0, 1], "protection changes of pages 1 and 2 at the push");
+    assert_eq!(net.nodes[0].mem().access(PageIdx(1)), Access::ReadWrite);
+    assert_eq!(net.nodes[0].mem().access(PageIdx(2)), Access::Read);
+    assert_eq!((net.read(1, 1, 0), net.read(1, 2, 0)), (2, 2));
+    // The renewed twin holds what was pushed: the next diff carries only the next change.
+    net.write(0, 1, 1, 3);
+    net.barrier();
+    assert_eq!((net.read(1, 1, 0), net.read(1, 1, 1)), (2, 3));
+}
+
+#[test]
 fn a_twin_renewed_when_served_is_noticed_at_a_release_only_if_its_page_changed() {
     let mut net = Net::new(2);
     net.write(0, 1, 0, 1);

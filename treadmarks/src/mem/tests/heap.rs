@@ -141,7 +141,27 @@ fn page_sharing_rule_on(backend: FaultBackend, slot: usize) {
     // SAFETY: page 3 of the application view is readable now.
     let byte = unsafe { std::ptr::read_volatile(heap.app_base().add(3 * 4096 + 100)) };
     assert_eq!(byte, 0x5a, "the application view shows the runtime's write");
-    assert_eq!(heap.counters().protect_calls, 7);
+
+    // While the application waits in a synchronization call, the runtime reads a writable
+    // page and renews its twin without revoking access; never an invalid page.
+    pages.make_twin(PageIdx(3));
+    pages.set_access(PageIdx(3), 1, Access::ReadWrite);
+    // SAFETY: page 3 of the application view is writable now, and no reference to it lives.
+    unsafe { std::ptr::write_bytes(heap.app_base().add(3 * 4096), 0x66, 4096) };
+    assert!(pages.page_while_blocked(PageIdx(3)).iter().all(|&b| b == 0x66));
+    assert!(pages.twin(PageIdx(3)).iter().all(|&b| b == 0x5a), "the old twin");
+    pages.renew_twin_while_blocked(PageIdx(3));
+    assert!(pages.twin(PageIdx(3)).iter().all(|&b| b == 0x66), "the renewed twin");
+    assert_eq!(pages.access(PageIdx(3)), Access::ReadWrite, "renewing keeps the state");
+    pages.set_access(PageIdx(4), 1, Access::None);
+    let msg = panic_message(catch_unwind(AssertUnwindSafe(|| {
+        pages.page_while_blocked(PageIdx(4));
+    })));
+    assert!(msg.contains("page_while_blocked(page 4)") && msg.contains("invalid"), "{msg}");
+    let msg = panic_message(catch_unwind(AssertUnwindSafe(|| pages.renew_twin_while_blocked(PageIdx(4)))));
+    assert!(msg.contains("renew_twin_while_blocked(page 4)"), "{msg}");
+    assert_eq!(pages.access(PageIdx(4)), Access::None, "a refused renewal leaves the state alone");
+    assert_eq!(heap.counters().protect_calls, 9);
 }
 
 #[test]
