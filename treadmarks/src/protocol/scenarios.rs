@@ -384,24 +384,54 @@ fn a_page_read_last_epoch_has_its_next_diffs_pushed_until_it_goes_unread() {
     assert_eq!(net.log.len(), t, "no message for a pushed page");
     assert_eq!(net.nodes[1].stats().pushes_used, 1);
 
-    // Node 1 stops reading the page. The next push goes unused; at the barrier after it node 1
-    // drops it and unsubscribes (node 0 has already pushed once more, also unused).
+    // Node 1 stops reading the page. The next push goes unused and the one after it chains to
+    // it (it might be read every other epoch); at the barrier after that, a third push cannot
+    // chain, so node 1 drops all three and unsubscribes.
     net.write(0, 1, 0, 3);
     net.barrier();
     net.write(0, 1, 0, 4);
     let t = net.log.len();
     net.barrier();
-    assert_eq!(net.count(t, 1, 0, Unsubscribe), 1);
+    assert_eq!(net.count(t, 1, 0, Unsubscribe), 0, "chained");
     net.write(0, 1, 0, 5);
     let t = net.log.len();
     net.barrier();
+    assert_eq!(net.count(t, 1, 0, Unsubscribe), 1);
+    net.write(0, 1, 0, 6);
+    let t = net.log.len();
+    net.barrier();
     assert_eq!(net.count(t, 0, 1, DiffPush), 0, "unsubscribed");
-    assert_eq!(net.nodes[1].stats().pushes_wasted, 2);
+    assert_eq!(net.nodes[1].stats().pushes_wasted, 3);
     assert!(!net.nodes[1].validates_locally(&[PageIdx(1)]));
     // Reading again fetches as usual (and subscribes again).
     let t = net.log.len();
-    assert_eq!(net.read(1, 1, 0), 5);
+    assert_eq!(net.read(1, 1, 0), 6);
     assert_eq!(net.count(t, 1, 0, DiffRequest), 1);
+}
+
+#[test]
+fn a_page_read_every_other_epoch_uses_its_pushes_chained() {
+    use MsgKind::*;
+    let mut net = Net::new(2);
+    net.write(0, 1, 0, 1);
+    net.barrier();
+    assert_eq!(net.read(1, 1, 0), 1);
+    // Like water's molecules: node 0 writes the page in two phases, node 1 reads it in the
+    // phase after the first of them only. Every push is used, chained or not; nothing is asked.
+    let t = net.log.len();
+    for step in 0..4u8 {
+        net.write(0, 1, 0, 10 * step + 2);
+        net.barrier(); // pushed, unused through the next phase
+        net.write(0, 1, 1, 10 * step + 3);
+        net.barrier(); // pushed, chained to the previous push
+        assert!(net.nodes[1].validates_locally(&[PageIdx(1)]), "step {step}: the chain completes the page");
+        assert_eq!([net.read(1, 1, 0), net.read(1, 1, 1)], [10 * step + 2, 10 * step + 3]);
+        net.barrier(); // nothing written: nothing pushed
+    }
+    assert_eq!(net.count(t, 1, 0, DiffRequest), 0);
+    assert_eq!(net.count(t, 1, 0, Unsubscribe), 0);
+    assert_eq!(net.count(t, 0, 1, DiffPush), 8);
+    assert_eq!((net.nodes[1].stats().pushes_used, net.nodes[1].stats().pushes_wasted), (8, 0));
 }
 
 #[test]
