@@ -179,12 +179,14 @@ impl<M: PageMemory> Node<M> {
     /// node (the module docs say which qualify and why).
     fn bundle(&mut self, lock: LockId, to: NodeId, wish: &[LockId]) -> Vec<LockId> {
         let mut out = Vec::new();
-        for &b in wish {
+        let ours = self.lock_history.expected_order();
+        for (i, &b) in wish.iter().enumerate() {
             if out.len() >= self.lock_history.limit() {
                 break;
             }
-            // A lock wished twice is bundled once: its token is gone after the first time.
-            if b == lock || self.lock_history.expects(b) {
+            // A lock wished twice is bundled once: its token is gone after the first time. A
+            // token we expect to take no later than the acquirer stays (`expected_order`).
+            if b == lock || ours.get(&b).is_some_and(|&j| j <= i) {
                 continue;
             }
             let manager = self.manager_of(b);

@@ -18,10 +18,6 @@
 use super::ids::LockId;
 use std::collections::{HashMap, VecDeque};
 
-/// Most locks after the last one taken that a granter counts on taking soon itself
-/// ([`LockHistory::expects`]).
-pub const EXPECT_HORIZON: usize = 32;
-
 /// A node's recent acquires and what followed each lock.
 #[derive(Debug, Default)]
 pub struct LockHistory {
@@ -73,16 +69,25 @@ impl LockHistory {
         }
     }
 
-    /// Whether we expect to take `lock` soon: it is the lock we took last, or one of the
-    /// [`EXPECT_HORIZON`] locks that followed that lock last time. A granter keeps such a token
-    /// rather than bundle it. The horizon is shorter than long histories: with a history as long
-    /// as a whole lock walk, a granter expected every lock and bundled none (water at 2 nodes with
-    /// `TMK_LOCK_BUNDLE=512` took 1.4 s against 0.09 s).
-    pub fn expects(&self, lock: LockId) -> bool {
-        self.recent.back().is_some_and(|&last| {
-            last == lock
-                || self.follow.get(&last).is_some_and(|f| f.iter().take(EXPECT_HORIZON).any(|&l| l == lock))
-        })
+    /// When we expect to take each lock next, as we did last time: the lock we took last at 0,
+    /// then the locks that followed it, each at its first place in that list (0 = our next
+    /// acquire). Locks we do not expect are absent.
+    ///
+    /// A granter keeps a wished token it expects to take no later than the acquirer, which
+    /// wishes its `i`-th lock `i` acquires ahead, and passes along the others: a token goes to
+    /// whichever node takes it sooner. Keeping every expected token bundled none once a history
+    /// was as long as a whole lock walk (water at 2 nodes with `TMK_LOCK_BUNDLE=512`: 1.4 s
+    /// against 0.09 s); keeping the next 32 only gave away tokens the granter took in its next
+    /// hundred acquires, which then came back one grant at a time (0.105 s against 0.086 s).
+    pub fn expected_order(&self) -> HashMap<LockId, usize> {
+        let mut order = HashMap::new();
+        if let Some(&last) = self.recent.back() {
+            order.insert(last, 0);
+            for (j, &l) in self.follow.get(&last).into_iter().flatten().enumerate() {
+                order.entry(l).or_insert(j);
+            }
+        }
+        order
     }
 }
 
@@ -106,24 +111,35 @@ mod tests {
         // 5 was not yet followed by three acquires: the ids after it, as a first guess.
         assert_eq!(h.wish(LockId(5)), ids(&[6, 7, 8]));
         // We took 6 last; nothing followed 6 yet.
-        assert!(h.expects(LockId(6)) && !h.expects(LockId(1)));
+        assert_eq!(h.expected_order(), HashMap::from([(LockId(6), 0)]));
         h.record(LockId(2));
         // Now 2 is the last, and 1, 5 and 6 followed it last time.
-        assert!([2, 1, 5, 6].iter().all(|&l| h.expects(LockId(l))) && !h.expects(LockId(3)));
+        let order = h.expected_order();
+        assert_eq!(order, HashMap::from([(LockId(2), 0), (LockId(1), 0), (LockId(5), 1), (LockId(6), 2)]));
     }
 
     #[test]
-    fn a_history_as_long_as_the_walk_expects_only_the_next_locks() {
+    fn a_history_as_long_as_the_walk_orders_every_lock_of_it() {
         let mut h = LockHistory::new(100, 100);
         for l in 0..200 {
             h.record(LockId(l % 100));
         }
-        // 99 was taken last, and followed last time by 0..=98: only the first of them count.
+        // 99 was taken last, and followed last time by 0..=98, in that order.
         assert_eq!(h.wish(LockId(99)).len(), 99);
-        assert!(
-            h.expects(LockId(99)) && h.expects(LockId(0)) && h.expects(LockId(EXPECT_HORIZON as u32 - 1))
-        );
-        assert!(!h.expects(LockId(EXPECT_HORIZON as u32)) && !h.expects(LockId(98)));
+        let order = h.expected_order();
+        assert_eq!(order.len(), 100);
+        assert!((0..99).all(|l| order[&LockId(l)] == l as usize) && order[&LockId(99)] == 0);
+    }
+
+    #[test]
+    fn repeats_count_at_their_first_place() {
+        let mut h = LockHistory::new(4, 100);
+        for l in [1, 2, 3, 2, 4, 1] {
+            h.record(LockId(l));
+        }
+        // 1 is the last; last time 2, 3, 2, 4 followed it.
+        assert_eq!(h.expected_order()[&LockId(2)], 0);
+        assert_eq!(h.expected_order()[&LockId(4)], 3);
     }
 
     #[test]
@@ -150,6 +166,6 @@ mod tests {
             h.record(LockId(l % 3));
         }
         assert!(h.wish(LockId(0)).is_empty());
-        assert!(!h.expects(LockId(0)));
+        assert!(h.expected_order().is_empty());
     }
 }
