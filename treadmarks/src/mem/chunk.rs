@@ -178,16 +178,22 @@ impl Chunk {
         }
     }
 
-    /// Appends `bytes` if they fit, returning where they start. Only the arena's thread calls it.
-    fn append(&self, bytes: &[u8]) -> Option<usize> {
+    /// Appends the concatenation of `parts` (`len` bytes in all) if it fits, returning where it
+    /// starts. Only the arena's thread calls it.
+    fn append(&self, parts: &[&[u8]], len: usize) -> Option<usize> {
         let at = self.filled.load(Ordering::Relaxed);
-        if CHUNK - at < bytes.len() {
+        if CHUNK - at < len {
             return None;
         }
-        // SAFETY: `at..at + len` lies inside the mapping, above `filled`: no slice covers it
-        // yet and only this thread writes there (module invariants).
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.base.as_ptr().add(at), bytes.len()) };
-        self.filled.store(at + bytes.len(), Ordering::Release);
+        let mut end = at;
+        for part in parts {
+            // SAFETY: `end..end + part.len()` lies inside `at..at + len`, inside the mapping and
+            // above `filled`: no slice covers it yet and only this thread writes there (module
+            // invariants).
+            unsafe { std::ptr::copy_nonoverlapping(part.as_ptr(), self.base.as_ptr().add(end), part.len()) };
+            end += part.len();
+        }
+        self.filled.store(end, Ordering::Release);
         Some(at)
     }
 }
@@ -222,8 +228,15 @@ thread_local! {
 /// A shared copy of `bytes`, appended to this thread's current chunk (a new one when it is
 /// full); pieces too big for a chunk, or a failed mapping, get an allocation of their own.
 pub fn store(bytes: &[u8]) -> SharedBytes {
-    if bytes.len() > MAX_PIECE {
-        return SharedBytes::copy_of(bytes);
+    store_parts(&[bytes])
+}
+
+/// [`store`] of the concatenation of `parts`, copied once (a whole page's diff is its header
+/// and the page).
+pub fn store_parts(parts: &[&[u8]]) -> SharedBytes {
+    let len = parts.iter().map(|p| p.len()).sum();
+    if len > MAX_PIECE {
+        return SharedBytes::copy_of(&parts.concat());
     }
     CURRENT.with_borrow_mut(|current| {
         for fresh in [false, true] {
@@ -231,14 +244,14 @@ pub fn store(bytes: &[u8]) -> SharedBytes {
                 *current = Chunk::take().map(Arc::new);
             }
             let Some(chunk) = current.as_ref() else { continue };
-            if let Some(at) = chunk.append(bytes) {
+            if let Some(at) = chunk.append(parts, len) {
                 let owner: Arc<dyn ByteOwner> = Arc::clone(chunk) as Arc<dyn ByteOwner>;
                 let whole = (*owner).as_ref();
-                let piece = &whole[at..at + bytes.len()];
+                let piece = &whole[at..at + len];
                 return SharedBytes::slice_of(&owner, piece).expect("a piece of its own chunk");
             }
         }
-        SharedBytes::copy_of(bytes)
+        SharedBytes::copy_of(&parts.concat())
     })
 }
 
@@ -292,8 +305,10 @@ mod tests {
         assert_eq!(resident_pages(&chunk), 0, "a fresh mapping has no memory yet");
         chunk.populate();
         assert_eq!(resident_pages(&chunk), CHUNK / 4096);
-        assert_eq!(chunk.append(&[5; 10]), Some(0));
+        assert_eq!(chunk.append(&[&[5; 10]], 10), Some(0));
         assert_eq!(chunk.as_ref(), &[5; 10][..]);
+        assert_eq!(chunk.append(&[&[1, 2], &[], &[3]], 3), Some(10), "parts land back to back");
+        assert_eq!(&chunk.as_ref()[10..], &[1, 2, 3][..]);
     }
 
     #[test]

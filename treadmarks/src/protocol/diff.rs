@@ -271,12 +271,12 @@ impl Diff {
     /// diffed as, whatever its twin holds ([`crate::protocol::page`]).
     pub fn whole(page: &[u8]) -> Diff {
         assert!(page.len().is_multiple_of(WORD), "a page of {} bytes is not whole words", page.len());
+        // The header in the scratch buffer, the page copied once, straight into the chunk.
         SCRATCH.with_borrow_mut(|s| {
             s.out.clear();
             put_varint(&mut s.out, 0);
             put_varint(&mut s.out, (page.len() / WORD) << 1);
-            s.out.extend_from_slice(page);
-            Diff(crate::mem::chunk::store(&s.out))
+            Diff(crate::mem::chunk::store_parts(&[&s.out, page]))
         })
     }
 
