@@ -22,6 +22,24 @@ use crate::protocol::memory::{Access, PageMemory};
 pub struct HeapPages(pub Arc<Heap>);
 
 impl HeapPages {
+    /// Copies page `p` into its twin slot, owning the page's BUSY state meanwhile so that the
+    /// fault handler cannot twin it at the same time. Panics with `refused()` (the state left as
+    /// it was) if the page is in state `refuse`: the state in which the caller's contract does
+    /// not keep writers away.
+    fn twin_unless(&mut self, p: PageIdx, refuse: u8, refused: impl FnOnce() -> String) {
+        let i = self.check(p);
+        let heap = &*self.0;
+        let s = state::acquire_busy(heap.state(i));
+        if s == refuse {
+            heap.state(i).store(s, Ordering::Release);
+            panic!("{}", refused());
+        }
+        // SAFETY: we own the page's BUSY state, so the handler does not twin it concurrently,
+        // and outside state `refuse` the callers' contracts keep every writer of the page away.
+        unsafe { heap.copy_to_twin(i) };
+        heap.state(i).store(s, Ordering::Release);
+    }
+
     fn check(&self, p: PageIdx) -> u32 {
         assert!(p.0 < self.0.npages(), "{p} out of range: the heap has {} pages", self.0.npages());
         p.0
@@ -174,19 +192,11 @@ impl PageMemory for HeapPages {
     }
 
     fn renew_twin_while_blocked(&mut self, p: PageIdx) {
-        let i = self.check(p);
-        let heap = &*self.0;
-        // Own the page so the handler cannot twin it at the same time.
-        let s = state::acquire_busy(heap.state(i));
-        if s == state::INVALID {
-            heap.state(i).store(s, Ordering::Release);
-            panic!("HeapPages::renew_twin_while_blocked({p}): the page is invalid (bug in the caller)");
-        }
-        // SAFETY: we own the page's BUSY state, so the handler does not twin it concurrently,
-        // and the caller guarantees the application thread is inside a synchronization call, so
+        // The caller guarantees the application thread is inside a synchronization call, so
         // nobody writes the page, writable or not.
-        unsafe { heap.copy_to_twin(i) };
-        heap.state(i).store(s, Ordering::Release);
+        self.twin_unless(p, state::INVALID, || {
+            format!("HeapPages::renew_twin_while_blocked({p}): the page is invalid (bug in the caller)")
+        });
     }
 
     fn back(&mut self, first: PageIdx, count: u32) -> u32 {
@@ -215,20 +225,12 @@ impl PageMemory for HeapPages {
     }
 
     fn make_twin(&mut self, p: PageIdx) {
-        let i = self.check(p);
-        let heap = &*self.0;
-        // Own the page so the handler cannot twin it at the same time.
-        let s = state::acquire_busy(heap.state(i));
-        if s == state::READ_WRITE {
-            heap.state(i).store(s, Ordering::Release);
-            panic!(
+        // A page not writable in the application view: nobody writes it.
+        self.twin_unless(p, state::READ_WRITE, || {
+            format!(
                 "HeapPages::make_twin({p}): the application view of the page is ReadWrite; revoke \
                  write access before twinning it (page-sharing rule, bug in the caller)"
-            );
-        }
-        // SAFETY: we own the page's BUSY state, so the handler does not twin it concurrently,
-        // and the page is not writable in the application view, so nobody writes it.
-        unsafe { heap.copy_to_twin(i) };
-        heap.state(i).store(s, Ordering::Release);
+            )
+        });
     }
 }

@@ -261,9 +261,14 @@ fn one_node_jobs_send_nothing_and_make_no_intervals() {
 /// Water's force phase on two nodes: node 0 takes locks 0..64, node 1 takes 32..64 then 0..32,
 /// each lock once a step, writing the page the lock guards (8 locks a page).
 fn lock_walk_step(net: &mut Net) -> usize {
+    walk_locks(net, &[(0..64).collect(), (32..64).chain(0..32).collect()])
+}
+
+/// Nodes 0 and 1 take the locks of `orders` in turn, one each in lockstep, each incrementing
+/// byte `l % 8` of page `l / 8` under lock `l`, then pass a barrier. Returns the messages sent.
+fn walk_locks(net: &mut Net, orders: &[Vec<u32>; 2]) -> usize {
     let since = net.log.len();
-    let orders: [Vec<u32>; 2] = [(0..64).collect(), (32..64).chain(0..32).collect()];
-    for k in 0..64 {
+    for k in 0..orders[0].len() {
         for (i, order) in orders.iter().enumerate() {
             let l = order[k];
             net.nodes[i].request_acquire(LockId(l)).unwrap();
@@ -326,19 +331,7 @@ fn a_token_goes_to_the_node_that_takes_it_sooner() {
     let orders: [Vec<u32>; 2] = [(0..LOCKS).collect(), (LOCKS / 2..LOCKS).chain(0..LOCKS / 2).collect()];
     for step in 0..4 {
         let since = net.log.len();
-        for k in 0..LOCKS as usize {
-            for (i, order) in orders.iter().enumerate() {
-                let l = order[k];
-                net.nodes[i].request_acquire(LockId(l)).unwrap();
-                net.settle();
-                assert_eq!(net.done(i), Some(AppDone::Acquired(LockId(l))));
-                let v = net.read(i, l / 8, (l % 8) as usize);
-                net.write(i, l / 8, (l % 8) as usize, v + 1);
-                net.nodes[i].request_release(LockId(l)).unwrap();
-                net.settle();
-            }
-        }
-        net.barrier();
+        walk_locks(&mut net, &orders);
         let grants = net.log[since..].iter().filter(|m| m.2 == LockGrant).count();
         if step > 0 {
             assert!(grants <= 6, "step {step}: {grants} grants for two walks of {LOCKS} locks");
