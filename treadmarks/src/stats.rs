@@ -181,10 +181,11 @@ impl fmt::Display for Stats {
         )?;
         writeln!(
             f,
-            "  diffs pushed at barriers: {}   pushed pages used: {}, unused: {}   diffs piggybacked on grants: {}   stale pages overwritten unfetched: {} (diffs they superseded, received later: {})",
+            "  diffs pushed at barriers: {}   pushed pages used: {}, unused: {}, chained: {}   diffs piggybacked on grants: {}   stale pages overwritten unfetched: {} (diffs they superseded, received later: {})",
             p.diffs_pushed,
             p.pushes_used,
             p.pushes_wasted,
+            p.pushes_chained,
             p.diffs_piggybacked,
             p.pages_overwritten,
             p.diffs_superseded

@@ -273,6 +273,7 @@ impl<M: PageMemory> Node<M> {
                 if held.pushes < PUSH_CHAIN && pd.after_seq == held.newest() && upto >= held.upto {
                     held.diffs.extend(pd.diffs);
                     (held.episode, held.upto, held.pushes) = (episode, upto, held.pushes + 1);
+                    self.stats.pushes_chained += 1;
                     self.push.pushed.insert((pd.page, from), held);
                     continue;
                 }

@@ -460,7 +460,8 @@ fn a_page_read_every_other_epoch_uses_its_pushes_chained() {
     assert_eq!(net.count(t, 1, 0, DiffRequest), 0);
     assert_eq!(net.count(t, 1, 0, Unsubscribe), 0);
     assert_eq!(net.count(t, 0, 1, DiffPush), 8);
-    assert_eq!((net.nodes[1].stats().pushes_used, net.nodes[1].stats().pushes_wasted), (8, 0));
+    let st = net.nodes[1].stats();
+    assert_eq!((st.pushes_used, st.pushes_wasted, st.pushes_chained), (8, 0, 4));
 }
 
 #[test]

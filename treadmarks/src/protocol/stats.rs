@@ -26,10 +26,12 @@ pub struct ProtocolStats {
     /// Diffs sent along with lock grants.
     pub diffs_piggybacked: u64,
     /// Diffs pushed at barriers to earlier readers; pushed pages a miss used instead of a
-    /// request; pushed pages dropped unused (or unusable).
+    /// request; pushed pages dropped unused (or unusable); pushed pages chained to an unused
+    /// push of the page (counted again as used or unused later).
     pub diffs_pushed: u64,
     pub pushes_used: u64,
     pub pushes_wasted: u64,
+    pub pushes_chained: u64,
     /// Diff requests sent (one per writer per miss or validation) and pages served.
     pub diff_requests_sent: u64,
     pub diff_requests_served: u64,
@@ -88,6 +90,7 @@ impl std::ops::AddAssign<&ProtocolStats> for ProtocolStats {
         self.diffs_pushed += o.diffs_pushed;
         self.pushes_used += o.pushes_used;
         self.pushes_wasted += o.pushes_wasted;
+        self.pushes_chained += o.pushes_chained;
         self.diff_requests_sent += o.diff_requests_sent;
         self.diff_requests_served += o.diff_requests_served;
         self.intervals += o.intervals;
