@@ -277,8 +277,9 @@ impl<M: PageMemory> Node<M> {
     /// With `blocked` (a push at this node's barrier arrival: the application thread waits in
     /// the barrier, so nothing writes the pages) nothing is frozen: the twins are cut from
     /// pages still writable, and those whose twins are renewed stay so untouched. A freeze and
-    /// its undoing cost jacobi3d's arrival 14 µs of its 98 (16 pages), and left the pages'
-    /// entries read-only on userfaultfd, so the next sweep's first writes faulted as well.
+    /// its undoing cost jacobi3d's arrival 14 µs of its 98 (16 pages): undoing it remaps the
+    /// pages on userfaultfd, where clearing their write protection would leave their entries
+    /// read-only and the next sweep's first writes faulting (`Heap::make_writable`).
     pub(crate) fn serve_diff_request(&mut self, asks: &[DiffAsk], blocked: bool) -> Vec<PageDiffs> {
         let closed = self.vt.get(self.me);
         let mut cut: Vec<(PageIdx, bool)> = asks
