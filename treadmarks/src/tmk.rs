@@ -394,13 +394,13 @@ impl Tmk {
         if self.held.is_empty() {
             let unwritable = self.pages_of_parts(h, parts.iter().cloned(), Heap::unwritable_pages)?;
             if unwritable.len() >= TWIN_AHEAD_MIN_PAGES {
+                // The pages wholly inside a part; the node keeps those it validates.
                 let whole = if overwrite {
-                    let inside = self.pages_of_parts(h, parts, |heap, offset, len| {
+                    self.pages_of_parts(h, parts, |heap, offset, len| {
                         let ps = heap.page_size() as u64;
                         let first = offset.div_ceil(ps);
                         (first..((offset + len) / ps).max(first)).map(|p| PageIdx(p as u32)).collect()
-                    })?;
-                    inside.into_iter().filter(|p| unwritable.binary_search(p).is_ok()).collect()
+                    })?
                 } else {
                     Vec::new()
                 };

@@ -194,8 +194,6 @@ impl<M: PageMemory> Node<M> {
                 .push_back((to, Message::BarrierRelease { barrier, intervals, gc, heap_end, pushed_by }));
         }
         if gc {
-            self.back_heap(heap_end);
-            self.drop_planned_push();
             return self.start_gc(barrier);
         }
         let mine = std::mem::take(&mut pushed_by[self.me.idx()]);
@@ -266,8 +264,6 @@ impl<M: PageMemory> Node<M> {
         self.incorporate(from, intervals)?;
         self.hear_heap_end(heap_end);
         if gc {
-            self.back_heap(heap_end);
-            self.drop_planned_push();
             return self.start_gc(barrier);
         }
         self.enter_passing(barrier, pushed_by);

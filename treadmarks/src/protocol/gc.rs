@@ -115,6 +115,9 @@ impl<M: PageMemory> Node<M> {
 
     /// Step 2: validate the pages we wrote, drop the stale copies of pages we did not.
     pub(crate) fn start_gc(&mut self, barrier: BarrierId) -> Result<(), ProtocolError> {
+        // A collecting barrier defers nothing: it backs the heap now and sends no push.
+        self.back_heap(self.heap_end_heard);
+        self.drop_planned_push();
         let mut writers: BTreeMap<PageIdx, (NodeId, bool)> = BTreeMap::new();
         for rec in self.log.iter() {
             for &p in &rec.pages {
