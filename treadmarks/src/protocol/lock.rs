@@ -20,7 +20,7 @@
 //! The manager's `tail` must name the node that holds the token or waits for it last; a token
 //! that moves without a request would leave it stale. So a token `b` travels in a grant to `to`
 //! only if it is unused here (token, not held, nobody in `next`), we do not expect to take it
-//! next ourselves (`LockHistory::expects`), and either
+//! sooner ourselves (`LockHistory::expected_order`), and either
 //! 1. we are `b`'s manager and its tail is ourselves: we set the tail to `to` (nothing is in
 //!    flight, the chain is exact); or
 //! 2. `to` is `b`'s manager: on receipt it sets the tail to itself if the tail was still us.
@@ -39,13 +39,22 @@
 //! every release of a bundled lock before it (all were ours or known to us), so the acquirer may
 //! take a bundled lock later without a message and see what LRC requires. It incorporates them
 //! once, inside the acquire that the grant completes.
+//!
+//! # Diffs on grants
+//! A grant also carries diffs, so that the acquirer need not fetch what it reads next: those of
+//! the data the granted locks protect, and those of the pages the acquirer subscribes to
+//! (`push.rs`), whatever lock they were written under (`Node::diffs_for_grant`). Each page goes
+//! with the diff the granter assumed the acquirer had (`after_seq`); the acquirer applies them
+//! only if it had that one (applied, or in a push it holds unused), so a page is never made valid
+//! with a gap.
 
 use super::ProtocolError;
-use super::ids::{IntervalIdx, LockId, NodeId, PageIdx};
+use super::ids::{DiffSeq, IntervalIdx, LockId, NodeId, PageIdx};
 use super::interval::IntervalRecord;
 use super::memory::PageMemory;
-use super::msg::{DiffWire, Message, PageDiffs};
+use super::msg::{Message, UnaskedDiffs};
 use super::node::{AppDone, Node, Pending};
+use super::page::WriterState;
 use super::vtime::VectorTime;
 
 /// A request for a lock on its way to the token: who asks, what it knows, and the locks it
@@ -171,7 +180,7 @@ impl<M: PageMemory> Node<M> {
         let intervals = self.log.newer_than(&ask.vt);
         let mut locks = bundled.clone();
         locks.push(lock);
-        let diffs = self.diffs_for_grant(&locks, &ask.vt, &intervals);
+        let diffs = self.diffs_for_grant(to, &locks, &ask.vt, &intervals);
         self.outbox.push_back((to, Message::LockGrant { lock, intervals, diffs, bundled }));
     }
 
@@ -207,45 +216,69 @@ impl<M: PageMemory> Node<M> {
         out
     }
 
-    /// The diffs a grant carries: for each page we began writing (made its twin) in an interval
-    /// the acquirer lacks and in which we held one of `locks` (the granted lock and the bundled
-    /// ones) — the data the locks protect, most likely what the acquirer reads next — every diff
-    /// of ours made after the acquirer's knowledge of us, cutting the twin if need be (the
-    /// acquirer needs all of them to consider the page complete). Pages that were merely still
-    /// twinned from before are not sent. Bounded by [`PIGGYBACK_LIMIT`] bytes; beyond it the
-    /// acquirer fetches as usual.
+    /// The diffs a grant to `to` carries. Two kinds of pages qualify, both with a write notice
+    /// in the grant (written in an interval the acquirer lacks):
+    ///
+    /// - **the data the locks protect**: pages we began writing (made the twin) in an interval
+    ///   in which we held one of `locks` (the granted lock and the bundled ones), most likely what
+    ///   the acquirer reads next;
+    /// - **pages the acquirer reads**: pages it subscribes to (it fetched them from us before,
+    ///   `push.rs`). The notice the grant carries would make it fetch them when it next reads
+    ///   them, and a later grant of the lock they were written under could not complete them
+    ///   (the acquirer would know their intervals by then without having their diffs). Water's
+    ///   force pages, each written under some 57 molecule locks that bundles split, were so
+    ///   fetched five times a step per node.
+    ///
+    /// Each page goes as a diff request would be answered: every diff of ours after the one we
+    /// assume the acquirer has (`after_seq`: the newest whose first interval it knows of, or
+    /// the one its subscription records if older), cutting the twin if need be (the acquirer
+    /// needs all of them to consider the page complete). Pages merely still twinned from before
+    /// are not sent. Bounded by [`PIGGYBACK_LIMIT`] bytes: the protected data first, then the
+    /// read pages, each kind smallest first (every page sent saves the acquirer a round trip,
+    /// whatever its size, and a lock's small datum is not crowded out by the whole pages written
+    /// in the same interval); beyond the limit the acquirer fetches as usual.
     fn diffs_for_grant(
         &mut self,
+        to: NodeId,
         locks: &[LockId],
         vt: &VectorTime,
         intervals: &[IntervalRecord],
-    ) -> Vec<PageDiffs> {
-        let held: Vec<&IntervalRecord> = intervals
-            .iter()
-            .filter(|r| r.node == self.me && r.locks.iter().any(|l| locks.contains(l)))
-            .collect();
-        let began_under_lock = |first: IntervalIdx| held.iter().any(|r| r.index == first);
-        let mut pages: Vec<PageIdx> = held.iter().flat_map(|r| r.pages.iter().copied()).collect();
+    ) -> Vec<UnaskedDiffs> {
+        let ours: Vec<&IntervalRecord> = intervals.iter().filter(|r| r.node == self.me).collect();
+        let began_under_lock = |first: IntervalIdx| {
+            ours.iter().any(|r| r.index == first && r.locks.iter().any(|l| locks.contains(l)))
+        };
+        let mut pages: Vec<PageIdx> = ours.iter().flat_map(|r| r.pages.iter().copied()).collect();
         pages.sort_unstable();
         pages.dedup();
-        pages.retain(|p| {
-            let meta = &self.pages[p.idx()];
-            meta.twin.is_some_and(began_under_lock) || meta.diffs.iter().any(|d| began_under_lock(d.first))
-        });
         let known = vt.get(self.me);
+        let mut candidates: Vec<(bool, PageIdx, DiffSeq)> = pages
+            .into_iter()
+            .filter_map(|p| {
+                let meta = &self.pages[p.idx()];
+                let protected = meta.twin.is_some_and(began_under_lock)
+                    || meta.diffs.iter().any(|d| began_under_lock(d.first));
+                let subscribed = self.subscription(p, to);
+                let known_seq =
+                    meta.diffs.iter().take_while(|d| d.first <= known).last().map_or(0, |d| d.seq);
+                let after_seq = subscribed.map_or(known_seq, |s| s.min(known_seq));
+                let kept_up = subscribed.is_some_and(|s| s >= known_seq);
+                (protected || kept_up).then_some((!protected, p, after_seq))
+            })
+            .collect();
+        candidates.sort_unstable();
         let closed = self.vt.get(self.me);
         let mut out = Vec::new();
         let mut bytes = 0;
-        for p in pages {
-            let page = self.serve_diffs(p, closed, 0);
-            let diffs: Vec<DiffWire> =
-                page.diffs.into_iter().filter(|d| d.first_vt.get(self.me) > known).collect();
+        for (_, p, after_seq) in candidates {
+            let diffs = self.serve_diffs(p, closed, after_seq).diffs;
             bytes += diffs.iter().map(|d| d.diff.encoded_len()).sum::<usize>();
             if bytes > PIGGYBACK_LIMIT {
                 break;
             }
             self.stats.diffs_piggybacked += diffs.len() as u64;
-            out.push(PageDiffs { page: p, diffs });
+            self.sent_to_subscriber(p, to, &diffs);
+            out.push(UnaskedDiffs { page: p, after_seq, diffs });
         }
         out
     }
@@ -317,7 +350,7 @@ impl<M: PageMemory> Node<M> {
         from: NodeId,
         lock: LockId,
         intervals: Vec<IntervalRecord>,
-        diffs: Vec<PageDiffs>,
+        diffs: Vec<UnaskedDiffs>,
         bundled: Vec<LockId>,
     ) -> Result<(), ProtocolError> {
         self.check_lock(lock)?;
@@ -340,17 +373,14 @@ impl<M: PageMemory> Node<M> {
         for d in &diffs {
             self.check_page(from, d.page)?;
         }
-        // A piggybacked page can be completed only if we were up to date with the granter on it
-        // before the grant (then its diffs made after our knowledge of it are all we lack).
-        let up_to_date: Vec<bool> = diffs
-            .iter()
-            .map(|d| self.pages[d.page.idx()].writers.get(from.idx()).is_none_or(|w| w.applied >= w.noticed))
-            .collect();
+        // A piggybacked page can be completed only if we had every diff of the granter's up to
+        // the one it assumed we had, applied or pushed to us (then its diffs after that one are
+        // all we lack of it): judged on our state before the grant's notices.
+        let before: Vec<Option<WriterState>> =
+            diffs.iter().map(|d| self.pages[d.page.idx()].writers.get(from.idx()).copied()).collect();
         self.incorporate(from, intervals)?;
-        for (d, ok) in diffs.into_iter().zip(up_to_date) {
-            if ok {
-                self.apply_piggybacked(from, d)?;
-            }
+        for (d, st) in diffs.into_iter().zip(before) {
+            self.apply_piggybacked(from, d, st.unwrap_or_default())?;
         }
         let st = &mut self.locks[lock.idx()];
         st.requested = false;

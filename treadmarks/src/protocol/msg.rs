@@ -34,12 +34,14 @@ pub struct PageDiffs {
     pub diffs: Vec<DiffWire>,
 }
 
-/// One page's worth of a [`Message::DiffPush`].
+/// One page's worth of diffs sent unasked: pushed at a barrier ([`Message::DiffPush`]) or
+/// piggybacked on a [`Message::LockGrant`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PushedDiffs {
+pub struct UnaskedDiffs {
     pub page: PageIdx,
-    /// The writer's newest diff of the page it assumes the receiver has applied: the diffs
-    /// are every one after it.
+    /// The writer's newest diff of the page it assumes the receiver has (applied, or pushed to
+    /// it): the diffs are every one after it, up to the writer's newest interval the message
+    /// makes known.
     pub after_seq: DiffSeq,
     pub diffs: Vec<DiffWire>,
 }
@@ -77,9 +79,10 @@ pub enum Message {
     /// still on its way back to the manager (see `lock.rs`).
     LockForward { lock: LockId, requester: NodeId, vt: VectorTime, wish: Vec<LockId>, tail: Option<u32> },
     /// Releaser → acquirer: the lock, with every interval the acquirer lacks, the releaser's
-    /// diffs of the pages it wrote while holding this lock or a bundled one, and the tokens of
+    /// diffs of the pages it wrote while holding this lock or a bundled one and of those the
+    /// acquirer reads (see `lock.rs`), and the tokens of
     /// locks the acquirer wished for that the releaser held unused (`bundled`; see `lock.rs`).
-    LockGrant { lock: LockId, intervals: Vec<IntervalRecord>, diffs: Vec<PageDiffs>, bundled: Vec<LockId> },
+    LockGrant { lock: LockId, intervals: Vec<IntervalRecord>, diffs: Vec<UnaskedDiffs>, bundled: Vec<LockId> },
     /// Client → barrier manager (node 0): arrival, with the client's intervals the manager lacks;
     /// `gc`: the client's consistency data is over the threshold (or it asked to collect).
     /// `pushes`: the nodes this one pushes diffs to at this barrier, after this message
@@ -113,7 +116,7 @@ pub enum Message {
     /// Writer → a node that read these pages before, at the writer's arrival at a barrier: its
     /// diffs of them up to interval `upto`, before they are asked for (see `push.rs`).
     /// `episode`: the number of barriers passed once this one completes.
-    DiffPush { episode: u64, upto: IntervalIdx, pages: Vec<PushedDiffs> },
+    DiffPush { episode: u64, upto: IntervalIdx, pages: Vec<UnaskedDiffs> },
     /// Reader → writer: pushes of these pages went unused; stop pushing them.
     Unsubscribe { pages: Vec<PageIdx> },
     /// Node that dropped pages at a collection → a node holding copies: send them whole.

@@ -53,7 +53,7 @@ use super::ProtocolError;
 use super::diff::Diff;
 use super::ids::{DiffSeq, IntervalIdx, NodeId, PageIdx};
 use super::memory::{Access, PageMemory};
-use super::msg::{DiffAsk, DiffWire, Message, PageCopy, PageDiffs};
+use super::msg::{DiffAsk, DiffWire, Message, PageCopy, PageDiffs, UnaskedDiffs};
 use super::node::{AppDone, Node, Pending};
 use super::vtime::VectorTime;
 
@@ -566,10 +566,16 @@ impl<M: PageMemory> Node<M> {
     }
 
     /// Applies diffs that came with a lock grant from `from`, if they make the page valid: `from`
-    /// must be the page's only writer with unapplied notices (the caller checked that we were up
-    /// to date with it before the grant). Otherwise they are ignored and the page is fetched as
-    /// usual when touched.
-    pub(crate) fn apply_piggybacked(&mut self, from: NodeId, d: PageDiffs) -> Result<(), ProtocolError> {
+    /// must be the page's only writer with unapplied notices, and before the grant (`before`,
+    /// our state of `from` then) we must have had its diffs up to the one the grant assumed
+    /// (`after_seq`), applied or pushed to us. A usable push is taken along: the grant's diffs
+    /// continue it. Otherwise they are ignored and the page is fetched as usual when touched.
+    pub(crate) fn apply_piggybacked(
+        &mut self,
+        from: NodeId,
+        d: UnaskedDiffs,
+        before: WriterState,
+    ) -> Result<(), ProtocolError> {
         let p = d.page;
         let meta = &self.pages[p.idx()];
         let only_from =
@@ -577,9 +583,16 @@ impl<M: PageMemory> Node<M> {
         if self.mem.access(p) != Access::None || meta.base_from.is_some() || !only_from || !meta.is_stale() {
             return Ok(());
         }
-        let nprocs = self.nprocs();
+        let pushed = self.pushed_newest(p, from, before);
+        if before.applied_seq.max(pushed.unwrap_or(0)) < d.after_seq {
+            return Ok(());
+        }
         let mut diffs = d.diffs;
+        if pushed.is_some() {
+            diffs.extend(self.take_pushed(p, from, before).into_iter().flatten());
+        }
         diffs.sort_by_key(|w| w.seq);
+        let nprocs = self.nprocs();
         for w in &diffs {
             self.apply_diff(p, from, w)?;
         }

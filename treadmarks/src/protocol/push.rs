@@ -6,7 +6,8 @@
 //! molecules of the last phase), so the writer can send those diffs before it is asked.
 //!
 //! - **Subscribing.** A writer that serves a diff request for page `p` from node `s` records
-//!   `s` as a subscriber of `p`, with the newest of its diffs of `p` that `s` now has.
+//!   `s` as a subscriber of `p`, with the newest of its diffs of `p` that `s` now has. Lock
+//!   grants send subscribed pages too (`lock.rs`), and move that diff on like a push.
 //! - **Pushing.** Arriving at a barrier, just after closing its interval, the writer plans to
 //!   serve each subscriber as if it had asked for every change of a subscribed page up to the
 //!   interval just closed (`upto`), and names the subscribers it will push to in its arrival.
@@ -48,7 +49,7 @@
 use super::ProtocolError;
 use super::ids::{DiffSeq, IntervalIdx, NodeId, PageIdx};
 use super::memory::PageMemory;
-use super::msg::{DiffAsk, DiffWire, Message, PageDiffs, PushedDiffs};
+use super::msg::{DiffAsk, DiffWire, Message, PageDiffs, UnaskedDiffs};
 use super::node::{Node, Pending};
 use super::page::WriterState;
 use std::collections::BTreeMap;
@@ -122,6 +123,23 @@ impl<M: PageMemory> Node<M> {
     pub(crate) fn note_cut(&mut self, p: PageIdx) {
         if self.push.subscribers.contains_key(&p) {
             self.push.cut_since_push.push(p);
+        }
+    }
+
+    /// Node `s`'s subscription to our page `p` (it fetched the page from us and has not left
+    /// pushed diffs of it unused since): the newest of our diffs of `p` it has.
+    pub(crate) fn subscription(&self, p: PageIdx, s: NodeId) -> Option<DiffSeq> {
+        self.push.subscribers.get(&p)?.iter().find(|&&(n, _)| n == s).map(|&(_, seq)| seq)
+    }
+
+    /// Diffs of page `p` went to node `s` unasked, on a grant: if it subscribes to the page, it
+    /// has them now (as a push assumes; if it could not apply them, its next fetch sets this
+    /// right).
+    pub(crate) fn sent_to_subscriber(&mut self, p: PageIdx, s: NodeId, diffs: &[DiffWire]) {
+        let Some(newest) = diffs.iter().map(|d| d.seq).max() else { return };
+        let subs = self.push.subscribers.get_mut(&p).into_iter().flatten();
+        if let Some(entry) = subs.into_iter().find(|(n, _)| *n == s) {
+            entry.1 = entry.1.max(newest);
         }
     }
 
@@ -220,10 +238,10 @@ impl<M: PageMemory> Node<M> {
             self.note_subscribers(to, &asks, &served);
             // A page whose twin turned out unchanged goes too, with no diffs: its notice still
             // stands, and the push saves the subscriber asking for nothing.
-            let pages: Vec<PushedDiffs> = asks
+            let pages: Vec<UnaskedDiffs> = asks
                 .iter()
                 .zip(served)
-                .map(|(a, pd)| PushedDiffs { page: pd.page, after_seq: a.after_seq, diffs: pd.diffs })
+                .map(|(a, pd)| UnaskedDiffs { page: pd.page, after_seq: a.after_seq, diffs: pd.diffs })
                 .collect();
             self.stats.diffs_pushed += pages.iter().map(|pd| pd.diffs.len() as u64).sum::<u64>();
             self.outbox.push_back((to, Message::DiffPush { episode, upto: closed, pages }));
@@ -235,7 +253,7 @@ impl<M: PageMemory> Node<M> {
         from: NodeId,
         episode: u64,
         upto: IntervalIdx,
-        pages: Vec<PushedDiffs>,
+        pages: Vec<UnaskedDiffs>,
     ) -> Result<(), ProtocolError> {
         for pd in &pages {
             self.check_page(from, pd.page)?;
@@ -327,6 +345,12 @@ impl<M: PageMemory> Node<M> {
     /// state `st` of that writer (see [`Node::take_pushed`]).
     pub(crate) fn pushed_usable(&self, p: PageIdx, w: NodeId, st: WriterState) -> bool {
         self.push.pushed.get(&(p, w)).is_some_and(|e| self.completes(e, w, st))
+    }
+
+    /// The newest diff of `w`'s usable push of page `p` (see [`Node::pushed_usable`]).
+    pub(crate) fn pushed_newest(&self, p: PageIdx, w: NodeId, st: WriterState) -> Option<DiffSeq> {
+        let e = self.push.pushed.get(&(p, w))?;
+        self.completes(e, w, st).then(|| e.newest())
     }
 
     /// Whether pushed diffs `e` of writer `w` cover exactly the notices of it we hold unapplied.
