@@ -191,6 +191,22 @@ impl PageMemory for HeapPages {
         unsafe { std::slice::from_raw_parts(self.0.runtime_page(i), self.0.page_size()) }
     }
 
+    fn page_mut_while_blocked(&mut self, p: PageIdx) -> &mut [u8] {
+        let i = self.check(p);
+        let s = state::load_stable(self.0.state(i));
+        assert!(
+            s == state::READ_ONLY,
+            "HeapPages::page_mut_while_blocked({p}): the application view of the page is {}, not \
+             read-only (bug in the caller)",
+            state::name(s)
+        );
+        // The caller guarantees the application thread is inside a synchronization call, so
+        // nothing reads the page meanwhile; it cannot write it (read-only), and the state stays
+        // READ_ONLY while this `&mut self` borrow lives. Only one `HeapPages` exists per heap.
+        // SAFETY: one page of the runtime view, live while `self.0` is; nothing else aliases it.
+        unsafe { std::slice::from_raw_parts_mut(self.0.runtime_page(i), self.0.page_size()) }
+    }
+
     fn renew_twin_while_blocked(&mut self, p: PageIdx) {
         // The caller guarantees the application thread is inside a synchronization call, so
         // nobody writes the page, writable or not.

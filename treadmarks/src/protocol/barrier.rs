@@ -13,7 +13,8 @@
 //! once it has the release (or, the manager, every arrival), every push announced to it, and has
 //! sent its own pushes, so a push is in hand before the application can touch its pages, as when
 //! pushes went out before the arrival. A collecting barrier waits for no push: collections drop
-//! pushes.
+//! pushes. Pages whose notices the release brings and that an announced push may complete stay
+//! valid until the pushes are in, and passing applies the pushes in place (`push.rs`).
 //!
 //! The manager logs the intervals of a completed episode at once, for its releases, but applies
 //! their write notices to its own pages (cutting twins, invalidating) only after the releases are
@@ -119,8 +120,7 @@ impl<M: PageMemory> Node<M> {
         if self.backing_due() {
             self.back_heap(self.heap_end_heard);
         }
-        self.try_pass();
-        Ok(())
+        self.try_pass()
     }
 
     pub(crate) fn handle_barrier_arrive(
@@ -175,6 +175,9 @@ impl<M: PageMemory> Node<M> {
         // the deferral costs the manager's own resumption a turn of the runtime's loop.
         let notices: usize = records.iter().filter(|r| r.node != self.me).map(|r| r.pages.len()).sum();
         let new = self.log_records(self.me, records)?;
+        if !gc {
+            self.expect_pushes(pushed_by[self.me.idx()].clone());
+        }
         if gc || notices < DEFER_NOTICES_MIN {
             self.apply_notices(new);
         } else {
@@ -197,39 +200,41 @@ impl<M: PageMemory> Node<M> {
             return self.start_gc(barrier);
         }
         let mine = std::mem::take(&mut pushed_by[self.me.idx()]);
-        self.enter_passing(barrier, mine);
-        Ok(())
+        self.enter_passing(barrier, mine)
     }
 
     /// Released from `barrier`: passes it once `pushed_by` have pushed and our pushes are sent.
-    fn enter_passing(&mut self, barrier: BarrierId, pushed_by: Vec<NodeId>) {
+    fn enter_passing(&mut self, barrier: BarrierId, pushed_by: Vec<NodeId>) -> Result<(), ProtocolError> {
         let episode = self.stats.barriers + 1;
         let waiting = pushed_by.into_iter().filter(|&n| !self.push_arrived(episode, n)).collect();
         self.passing = Some(Passing { barrier, waiting });
-        self.try_pass();
+        self.try_pass()
     }
 
     /// A push of barrier episode `episode` came from `from`: one less to wait for.
-    pub(crate) fn note_push_for_passing(&mut self, from: NodeId, episode: u64) {
+    pub(crate) fn note_push_for_passing(&mut self, from: NodeId, episode: u64) -> Result<(), ProtocolError> {
         if episode != self.stats.barriers + 1 {
-            return;
+            return Ok(());
         }
         if let Some(p) = &mut self.passing {
             p.waiting.retain(|&n| n != from);
-            self.try_pass();
+            return self.try_pass();
         }
+        Ok(())
     }
 
     /// Passes the barrier being passed, if nothing holds it any more.
-    fn try_pass(&mut self) {
+    fn try_pass(&mut self) -> Result<(), ProtocolError> {
         let ready = self.passing.as_ref().is_some_and(|p| p.waiting.is_empty())
             && !self.push_planned()
             && self.notices_due.is_empty()
             && !self.backing_due();
         if ready {
             let Passing { barrier, .. } = self.passing.take().expect("checked");
+            self.settle_deferred()?;
             self.finish_barrier(barrier);
         }
+        Ok(())
     }
 
     pub(crate) fn finish_barrier(&mut self, barrier: BarrierId) {
@@ -261,12 +266,14 @@ impl<M: PageMemory> Node<M> {
                 what: format!("release naming a push from {bad}"),
             });
         }
+        if !gc {
+            self.expect_pushes(pushed_by.clone());
+        }
         self.incorporate(from, intervals)?;
         self.hear_heap_end(heap_end);
         if gc {
             return self.start_gc(barrier);
         }
-        self.enter_passing(barrier, pushed_by);
-        Ok(())
+        self.enter_passing(barrier, pushed_by)
     }
 }

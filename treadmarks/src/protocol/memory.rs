@@ -71,6 +71,10 @@ pub trait PageMemory {
     /// Copies valid page `p`, `ReadWrite` included, into its twin slot, under the contract of
     /// [`PageMemory::page_while_blocked`].
     fn renew_twin_while_blocked(&mut self, p: PageIdx);
+    /// The bytes of read-only page `p`, writable, while the application thread is inside a
+    /// synchronization call (so that nothing reads the page meanwhile): the page is brought up to
+    /// date where it stands, without revoking and restoring the application's access.
+    fn page_mut_while_blocked(&mut self, p: PageIdx) -> &mut [u8];
 }
 
 /// A [`PageMemory`] over plain vectors, for tests and the simulation. It checks the page-sharing
@@ -186,6 +190,11 @@ impl PageMemory for VecMemory {
         assert_ne!(self.access[p.idx()], Access::None, "twin of invalid {p} renewed");
         let copy = self.pages[p.idx()].clone();
         self.twins[p.idx()] = Some(copy);
+    }
+
+    fn page_mut_while_blocked(&mut self, p: PageIdx) -> &mut [u8] {
+        assert_eq!(self.access[p.idx()], Access::Read, "runtime write of {p} in place");
+        &mut self.pages[p.idx()]
     }
 
     fn back(&mut self, first: PageIdx, count: u32) -> u32 {

@@ -576,10 +576,13 @@ impl<M: PageMemory> Node<M> {
         self.invalidate(&invalid);
     }
 
-    /// Revokes all access to `pages` (ascending), in runs.
-    fn invalidate(&mut self, pages: &[PageIdx]) {
-        let valid: Vec<PageIdx> =
-            pages.iter().copied().filter(|&p| self.mem.access(p) != Access::None).collect();
+    /// Revokes all access to `pages` (ascending), in runs; while a barrier is passed, those a push
+    /// may complete in place wait for it (`push.rs`).
+    pub(crate) fn invalidate(&mut self, pages: &[PageIdx]) {
+        let (deferred, valid): (Vec<PageIdx>, Vec<PageIdx>) = (pages.iter().copied())
+            .filter(|&p| self.mem.access(p) != Access::None)
+            .partition(|&p| self.defers_invalidation(p));
+        self.defer_invalidation(deferred);
         self.stats.invalidations += valid.len() as u64;
         self.set_access_in_runs(valid, Access::None);
     }

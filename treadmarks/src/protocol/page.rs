@@ -485,6 +485,9 @@ impl<M: PageMemory> Node<M> {
             for (w, st) in stale {
                 let writer = NodeId(w as u16);
                 if let Some(pushed) = self.take_pushed(p, writer, st) {
+                    if purpose != MissFor::Gc {
+                        self.note_push_read(p, writer);
+                    }
                     asked.push((writer, st.noticed, true));
                     diffs.extend(pushed.into_iter().map(|d| (writer, d)));
                 } else {
@@ -602,9 +605,38 @@ impl<M: PageMemory> Node<M> {
         Ok(())
     }
 
+    /// Completes read-only page `p` where it stands with `diffs`, the push of its only stale
+    /// writer `from`, while the application waits in a barrier (`push.rs`).
+    pub(crate) fn apply_in_place(
+        &mut self,
+        p: PageIdx,
+        from: NodeId,
+        mut diffs: Vec<DiffWire>,
+    ) -> Result<(), ProtocolError> {
+        diffs.sort_by_key(|d| d.seq);
+        for d in &diffs {
+            self.apply_diff_where(p, from, d, true)?;
+        }
+        let nprocs = self.nprocs();
+        let st = self.pages[p.idx()].writer(from, nprocs, &mut self.acct.writer_tables);
+        st.applied = st.noticed;
+        Ok(())
+    }
+
     /// Applies one of `from`'s diffs to invalid page `p`, unless it was applied before (a writer's
     /// diffs of a page are numbered in order, so a diff is never applied twice).
     fn apply_diff(&mut self, p: PageIdx, from: NodeId, d: &DiffWire) -> Result<(), ProtocolError> {
+        self.apply_diff_where(p, from, d, false)
+    }
+
+    /// [`Node::apply_diff`]; `in_place`: to read-only page `p` while the application waits.
+    fn apply_diff_where(
+        &mut self,
+        p: PageIdx,
+        from: NodeId,
+        d: &DiffWire,
+        in_place: bool,
+    ) -> Result<(), ProtocolError> {
         let nprocs = self.nprocs();
         let st = self.pages[p.idx()].writer(from, nprocs, &mut self.acct.writer_tables);
         if d.seq <= st.applied_seq {
@@ -615,11 +647,8 @@ impl<M: PageMemory> Node<M> {
             self.stats.diffs_superseded += 1;
             return Ok(());
         }
-        d.diff.apply(self.mem.page_mut(p)).map_err(|source| ProtocolError::BadDiff {
-            from,
-            page: p,
-            source,
-        })?;
+        let page = if in_place { self.mem.page_mut_while_blocked(p) } else { self.mem.page_mut(p) };
+        d.diff.apply(page).map_err(|source| ProtocolError::BadDiff { from, page: p, source })?;
         self.stats.diffs_applied += 1;
         self.stats.diff_bytes_applied += d.diff.encoded_len() as u64;
         Ok(())

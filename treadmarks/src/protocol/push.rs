@@ -39,6 +39,16 @@
 //!   the push after the unread phase found its predecessor unused, both were dropped and the
 //!   page fetched, and 87% of water's pushed pages went unused. At most [`PUSH_CHAIN`] pushes
 //!   chain.
+//! - **Applying in place.** Once a miss has used a writer's push of a page, the writer's next
+//!   [`IN_PLACE_CREDITS`] pushes of it are applied at the barrier they come with, where the page
+//!   stands: a release whose notices would invalidate the page (only that writer's notices
+//!   unapplied, the page read-only, the writer announced to push to us) leaves it valid until
+//!   the pushes are in; passing the barrier then applies the push if it completes the page, in
+//!   place (`PageMemory::page_mut_while_blocked`: the application waits in the barrier), or
+//!   invalidates the page as usual. The reader is spared unmapping the page, the miss, and
+//!   mapping it again (jacobi3d's 16 boundary pages an iteration). A page applied in place gives
+//!   no sign of being read, so when the credits run out the next push waits for a miss again:
+//!   read, the credits come back; unread, the reader unsubscribes as below.
 //! - **Unsubscribing.** Pushed diffs not used by the end of the epoch of their chain's last push
 //!   (the next barrier passed), or whose next push cannot continue the chain, were not needed:
 //!   they are dropped, and the writer is told ([`Message::Unsubscribe`]), so a page read once
@@ -48,7 +58,7 @@
 
 use super::ProtocolError;
 use super::ids::{DiffSeq, IntervalIdx, NodeId, PageIdx};
-use super::memory::PageMemory;
+use super::memory::{Access, PageMemory};
 use super::msg::{DiffAsk, DiffWire, Message, PageDiffs, UnaskedDiffs};
 use super::node::{Node, Pending};
 use super::page::WriterState;
@@ -60,6 +70,11 @@ pub const PUSH_MAX_PAGES: usize = 64;
 
 /// Most pushes of one page by one writer kept as one while unused (see the module docs).
 pub const PUSH_CHAIN: u32 = 2;
+
+/// Pushes of one page by one writer applied in place after a miss used one (see the module
+/// docs): of every `IN_PLACE_CREDITS + 1` pushes of a page read every epoch, one is left to a
+/// miss, which checks that the page is still read.
+pub const IN_PLACE_CREDITS: u32 = 8;
 
 /// Diffs a writer pushed to us for one page, kept until a miss uses them or the epoch ends.
 #[derive(Debug, Clone)]
@@ -105,6 +120,13 @@ pub(crate) struct PushState {
     planned_for: (u64, IntervalIdx),
     /// Pushes received for barrier episodes not passed yet: (episode, writer).
     arrived: Vec<(u64, NodeId)>,
+    /// Per page and writer whose push a miss used: how many of its next pushes are applied in
+    /// place.
+    credits: BTreeMap<(PageIdx, NodeId), u32>,
+    /// While a barrier is being passed: the writers announced to push to us, and the pages whose
+    /// invalidation waits for their pushes.
+    expected_from: Vec<NodeId>,
+    deferred: Vec<PageIdx>,
 }
 
 impl PushState {
@@ -305,8 +327,7 @@ impl<M: PageMemory> Node<M> {
         if !unused.is_empty() {
             self.outbox.push_back((from, Message::Unsubscribe { pages: unused }));
         }
-        self.note_push_for_passing(from, episode);
-        Ok(())
+        self.note_push_for_passing(from, episode)
     }
 
     pub(crate) fn handle_unsubscribe(
@@ -365,9 +386,11 @@ impl<M: PageMemory> Node<M> {
         self.push.arrived.retain(|&(episode, _)| episode > passed);
         let mut unused: Vec<Vec<PageIdx>> = vec![Vec::new(); self.nprocs()];
         let mut wasted = 0;
+        let credits = &mut self.push.credits;
         self.push.pushed.retain(|&(p, w), e| {
             let keep = e.episode >= passed;
             if !keep {
+                credits.remove(&(p, w));
                 unused[w.idx()].push(p);
                 wasted += u64::from(e.pushes);
             }
@@ -381,10 +404,68 @@ impl<M: PageMemory> Node<M> {
         }
     }
 
+    /// A miss used `w`'s push of page `p`: its next pushes are applied in place.
+    pub(crate) fn note_push_read(&mut self, p: PageIdx, w: NodeId) {
+        self.push.credits.insert((p, w), IN_PLACE_CREDITS);
+    }
+
+    /// Released from a barrier that is not a collection: `from` announced pushes to us.
+    pub(crate) fn expect_pushes(&mut self, from: Vec<NodeId>) {
+        self.push.expected_from = from;
+    }
+
+    /// Whether the invalidation of page `p`, whose notices a barrier's release just applied,
+    /// waits for the pushes (see the module docs): its only stale writer announced a push, has
+    /// credit for the page, and the page is read-only and wholly ours to update.
+    pub(crate) fn defers_invalidation(&self, p: PageIdx) -> bool {
+        let meta = &self.pages[p.idx()];
+        let mut stale = meta.writers.iter().enumerate().filter(|(_, st)| st.noticed > st.applied);
+        let (Some((w, _)), None) = (stale.next(), stale.next()) else { return false };
+        let w = NodeId(w as u16);
+        self.push.expected_from.contains(&w)
+            && self.push.credits.get(&(p, w)).is_some_and(|&c| c > 0)
+            && self.mem.access(p) == Access::Read
+            && meta.twin.is_none()
+            && meta.base_from.is_none()
+            && !self.misses.contains_key(&p)
+    }
+
+    /// Pages whose invalidation waits for the barrier's pushes.
+    pub(crate) fn defer_invalidation(&mut self, pages: Vec<PageIdx>) {
+        self.push.deferred.extend(pages);
+    }
+
+    /// Passing the barrier, every push in: applies in place the pushes that complete a deferred
+    /// page, and invalidates the other deferred pages. The application still waits.
+    pub(crate) fn settle_deferred(&mut self) -> Result<(), ProtocolError> {
+        self.push.expected_from.clear();
+        let mut invalid = Vec::new();
+        for p in std::mem::take(&mut self.push.deferred) {
+            let meta = &self.pages[p.idx()];
+            let stale = meta.writers.iter().enumerate().find(|(_, st)| st.noticed > st.applied);
+            let Some((w, &st)) = stale else { continue };
+            let w = NodeId(w as u16);
+            let Some(diffs) = self.pushed_usable(p, w, st).then(|| self.take_pushed(p, w, st)).flatten()
+            else {
+                invalid.push(p);
+                continue;
+            };
+            self.apply_in_place(p, w, diffs)?;
+            self.stats.pushes_in_place += 1;
+            if let Some(c) = self.push.credits.get_mut(&(p, w)) {
+                *c = c.saturating_sub(1);
+            }
+        }
+        invalid.sort_unstable();
+        self.invalidate(&invalid);
+        Ok(())
+    }
+
     /// A collection dropped the consistency data that subscriptions and pushed diffs refer to.
     pub(crate) fn forget_pushes(&mut self) {
         self.push.subscribers.clear();
         self.push.cut_since_push.clear();
+        self.push.credits.clear();
         self.stats.pushes_wasted += self.push.pushed.len() as u64;
         self.push.pushed.clear();
         self.push.collected_at = self.stats.barriers + 1;

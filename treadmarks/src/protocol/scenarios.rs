@@ -446,6 +446,7 @@ fn bad_input_from_a_peer_is_an_error_not_a_panic() {
 
 #[test]
 fn a_page_read_last_epoch_has_its_next_diffs_pushed_until_it_goes_unread() {
+    use super::push::IN_PLACE_CREDITS;
     use MsgKind::*;
     let mut net = Net::new(2);
     net.write(0, 1, 0, 1);
@@ -471,20 +472,36 @@ fn a_page_read_last_epoch_has_its_next_diffs_pushed_until_it_goes_unread() {
     assert_eq!(net.log.len(), t, "no message for a pushed page");
     assert_eq!(net.nodes[1].stats().pushes_used, 1);
 
-    // Node 1 stops reading the page. The next push goes unused and the one after it chains to
-    // it (it might be read every other epoch); at the barrier after that, a third push cannot
-    // chain, so node 1 drops all three and unsubscribes.
-    net.write(0, 1, 0, 3);
+    // A miss used the push: the next IN_PLACE_CREDITS pushes are applied at their barrier, where
+    // the page stands: it stays readable, with no protection change at all.
+    let mut value = 2;
+    for _ in 0..IN_PLACE_CREDITS {
+        value += 1;
+        net.write(0, 1, 0, value);
+        let changes = net.nodes[1].mem().protection_changes(PageIdx(1));
+        net.barrier();
+        assert_eq!(net.nodes[1].mem().access(PageIdx(1)), Access::Read);
+        assert_eq!(net.nodes[1].mem().protection_changes(PageIdx(1)), changes);
+        assert_eq!(net.nodes[1].mem().app_read(PageIdx(1))[0], value);
+    }
+    assert_eq!(net.nodes[1].stats().pushes_in_place, u64::from(IN_PLACE_CREDITS));
+
+    // Node 1 stops reading the page. With the credits spent, the next push waits for a miss
+    // again and goes unused, and the one after it chains to it (it might be read every other
+    // epoch); at the barrier after that, a third push cannot chain, so node 1 drops all three
+    // and unsubscribes.
+    net.write(0, 1, 0, value + 1);
     net.barrier();
-    net.write(0, 1, 0, 4);
+    assert_eq!(net.nodes[1].mem().access(PageIdx(1)), Access::None, "credits spent");
+    net.write(0, 1, 0, value + 2);
     let t = net.log.len();
     net.barrier();
     assert_eq!(net.count(t, 1, 0, Unsubscribe), 0, "chained");
-    net.write(0, 1, 0, 5);
+    net.write(0, 1, 0, value + 3);
     let t = net.log.len();
     net.barrier();
     assert_eq!(net.count(t, 1, 0, Unsubscribe), 1);
-    net.write(0, 1, 0, 6);
+    net.write(0, 1, 0, value + 4);
     let t = net.log.len();
     net.barrier();
     assert_eq!(net.count(t, 0, 1, DiffPush), 0, "unsubscribed");
@@ -492,7 +509,7 @@ fn a_page_read_last_epoch_has_its_next_diffs_pushed_until_it_goes_unread() {
     assert!(!net.nodes[1].validates_locally(&[PageIdx(1)]));
     // Reading again fetches as usual (and subscribes again).
     let t = net.log.len();
-    assert_eq!(net.read(1, 1, 0), 6);
+    assert_eq!(net.read(1, 1, 0), value + 4);
     assert_eq!(net.count(t, 1, 0, DiffRequest), 1);
 }
 
@@ -505,6 +522,7 @@ fn a_page_read_every_other_epoch_uses_its_pushes_chained() {
     assert_eq!(net.read(1, 1, 0), 1);
     // Like water's molecules: node 0 writes the page in two phases, node 1 reads it in the
     // phase after the first of them only. Every push is used, chained or not; nothing is asked.
+    // Once the first chain was read, the pushes are applied in place at their barriers.
     let t = net.log.len();
     for step in 0..4u8 {
         net.write(0, 1, 0, 10 * step + 2);
@@ -519,7 +537,7 @@ fn a_page_read_every_other_epoch_uses_its_pushes_chained() {
     assert_eq!(net.count(t, 1, 0, Unsubscribe), 0);
     assert_eq!(net.count(t, 0, 1, DiffPush), 8);
     let st = net.nodes[1].stats();
-    assert_eq!((st.pushes_used, st.pushes_wasted, st.pushes_chained), (8, 0, 4));
+    assert_eq!((st.pushes_used, st.pushes_wasted, st.pushes_chained, st.pushes_in_place), (8, 0, 1, 6));
 }
 
 #[test]

@@ -570,7 +570,8 @@ fn random_data_race_free_programs_read_sequentially_consistent_values() {
         totals.diffs_pushed > 500
             && totals.pushes_used > 500
             && totals.pushes_wasted > 100
-            && totals.pushes_chained > 300,
+            && totals.pushes_chained > 300
+            && totals.pushes_in_place > 200,
         "{totals:?}"
     );
     assert!(

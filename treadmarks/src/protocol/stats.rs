@@ -32,6 +32,8 @@ pub struct ProtocolStats {
     pub pushes_used: u64,
     pub pushes_wasted: u64,
     pub pushes_chained: u64,
+    /// Pushed pages applied where they stand at the barrier they came with (`push.rs`).
+    pub pushes_in_place: u64,
     /// Diff requests sent (one per writer per miss or validation) and pages served.
     pub diff_requests_sent: u64,
     pub diff_requests_served: u64,
@@ -91,6 +93,7 @@ impl std::ops::AddAssign<&ProtocolStats> for ProtocolStats {
         self.pushes_used += o.pushes_used;
         self.pushes_wasted += o.pushes_wasted;
         self.pushes_chained += o.pushes_chained;
+        self.pushes_in_place += o.pushes_in_place;
         self.diff_requests_sent += o.diff_requests_sent;
         self.diff_requests_served += o.diff_requests_served;
         self.intervals += o.intervals;

@@ -161,7 +161,22 @@ fn page_sharing_rule_on(backend: FaultBackend, slot: usize) {
     let msg = panic_message(catch_unwind(AssertUnwindSafe(|| pages.renew_twin_while_blocked(PageIdx(4)))));
     assert!(msg.contains("renew_twin_while_blocked(page 4)"), "{msg}");
     assert_eq!(pages.access(PageIdx(4)), Access::None, "a refused renewal leaves the state alone");
-    assert_eq!(heap.counters().protect_calls, 9);
+
+    // It also brings a read-only page up to date where it stands: the application view shows
+    // the write at once, still read-only, with no protection change; never a writable page.
+    pages.set_access(PageIdx(3), 1, Access::Read);
+    let calls = heap.counters().protect_calls;
+    pages.page_mut_while_blocked(PageIdx(3)).fill(0x77);
+    // SAFETY: page 3 of the application view is readable.
+    let byte = unsafe { std::ptr::read_volatile(heap.app_base().add(3 * 4096 + 100)) };
+    assert_eq!(byte, 0x77, "the application view shows the write in place");
+    assert_eq!((pages.access(PageIdx(3)), heap.counters().protect_calls), (Access::Read, calls));
+    pages.set_access(PageIdx(5), 1, Access::ReadWrite);
+    let msg = panic_message(catch_unwind(AssertUnwindSafe(|| {
+        pages.page_mut_while_blocked(PageIdx(5));
+    })));
+    assert!(msg.contains("page_mut_while_blocked(page 5)") && msg.contains("not read-only"), "{msg}");
+    assert_eq!(heap.counters().protect_calls, 11);
 }
 
 #[test]
