@@ -9,20 +9,31 @@
 //! pass of a walk) wishes for the ids after it, a first guess that the walk's history replaces.
 //!
 //! # Invariants
-//! - `recent` holds this node's last `limit` acquires, oldest first (fewer at the start).
-//! - `follow[l]` lists the locks other than `l` acquired in the `limit` acquires after `l`, the
-//!   last time `l` was followed by that many, in order (a lock taken twice appears twice; the
-//!   granter skips repeats). Recording costs O(`limit`) per acquire.
+//! - `log` holds this node's last acquires (a ring of several times `limit`), `recorded` counts
+//!   them all.
+//! - What followed lock `l` — the locks other than `l` acquired in the `limit` acquires after
+//!   it, the last time `l` was followed by that many, in order (a lock taken twice appears
+//!   twice; the granter skips repeats) — is read from the ring after `anchor[l]` while that
+//!   occurrence is in it, and from `follow[l]` (copied out as it left) after; a lock has one or
+//!   the other. Recording costs O(1) per acquire, plus O(`limit`) when an anchor leaves the
+//!   ring (a lock not taken again for a whole ring).
 //! - With `limit == 0` nothing is recorded and every wish is empty: bundling is off.
 
 use super::ids::LockId;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 
 /// A node's recent acquires and what followed each lock.
 #[derive(Debug, Default)]
 pub struct LockHistory {
     limit: usize,
-    recent: VecDeque<LockId>,
+    /// The last [`LockHistory::log_len`] acquires, as a ring indexed by absolute position.
+    log: Vec<LockId>,
+    /// Acquires recorded so far (the absolute position of the next one).
+    recorded: u64,
+    /// Per lock, the position of its last occurrence that `limit` acquires followed.
+    anchor: HashMap<LockId, u64>,
+    /// The locks that followed such an occurrence whose position has left the ring (copied out
+    /// when it left).
     follow: HashMap<LockId, Vec<LockId>>,
     /// Locks in the job (ids `0..nlocks`).
     nlocks: u32,
@@ -31,7 +42,7 @@ pub struct LockHistory {
 impl LockHistory {
     /// A history that predicts up to `limit` locks after each of `nlocks`; 0 turns prediction off.
     pub fn new(limit: usize, nlocks: u32) -> Self {
-        LockHistory { limit, recent: VecDeque::with_capacity(limit + 1), follow: HashMap::new(), nlocks }
+        LockHistory { limit, log: Vec::new(), nlocks, ..Default::default() }
     }
 
     /// Most locks one wish names, and most tokens one grant passes along.
@@ -39,19 +50,56 @@ impl LockHistory {
         self.limit
     }
 
+    /// Ring size: a lock walk of several times the limit stays in it, so that recording costs
+    /// O(1) and only an occurrence leaving the ring copies its followers out (O(`limit`)).
+    fn log_len(&self) -> usize {
+        8 * self.limit + 8
+    }
+
+    fn at(&self, pos: u64) -> LockId {
+        self.log[(pos % self.log.len() as u64) as usize]
+    }
+
     /// The application acquired `lock` (locally or not).
     pub fn record(&mut self, lock: LockId) {
         if self.limit == 0 {
             return;
         }
-        self.recent.push_back(lock);
-        if self.recent.len() <= self.limit {
-            return;
+        let (len, pos) = (self.log_len(), self.recorded);
+        if self.log.len() < len {
+            self.log.push(lock);
+        } else {
+            // The occurrence leaving the ring takes its followers along if it is its lock's anchor.
+            let gone = pos - len as u64;
+            let old = self.at(gone);
+            if self.anchor.get(&old) == Some(&gone) {
+                let after = self.window(gone);
+                self.follow.insert(old, after);
+                self.anchor.remove(&old);
+            }
+            self.log[(pos % len as u64) as usize] = lock;
         }
-        let anchor = self.recent.pop_front().expect("window holds limit + 1 locks");
-        let after = self.follow.entry(anchor).or_default();
-        after.clear();
-        after.extend(self.recent.iter().filter(|&&l| l != anchor));
+        self.recorded += 1;
+        // The occurrence `limit` acquires back is now followed by `limit` of them.
+        if let Some(a) = self.recorded.checked_sub(self.limit as u64 + 1) {
+            let l = self.at(a);
+            self.anchor.insert(l, a);
+            self.follow.remove(&l);
+        }
+    }
+
+    /// The locks other than the one at `pos` in the `limit` acquires after it (in the ring).
+    fn window(&self, pos: u64) -> Vec<LockId> {
+        let l = self.at(pos);
+        (pos + 1..=pos + self.limit as u64).map(|q| self.at(q)).filter(|&x| x != l).collect()
+    }
+
+    /// What followed `lock` the last time `limit` acquires did, if it was.
+    fn followers(&self, lock: LockId) -> Option<Vec<LockId>> {
+        match self.anchor.get(&lock) {
+            Some(&pos) => Some(self.window(pos)),
+            None => self.follow.get(&lock).cloned(),
+        }
     }
 
     /// The locks we expect to take after `lock`, as we did last time.
@@ -59,8 +107,8 @@ impl LockHistory {
     /// A lock we never saw followed (the first pass of a walk) gets the ids after it: programs
     /// keep a lock per array element and walk them in order, and a wish is only a hint.
     pub fn wish(&self, lock: LockId) -> Vec<LockId> {
-        match self.follow.get(&lock) {
-            Some(after) => after.clone(),
+        match self.followers(lock) {
+            Some(after) => after,
             None if self.limit > 0 => {
                 let end = lock.0.saturating_add(1 + self.limit as u32).min(self.nlocks);
                 (lock.0 + 1..end).map(LockId).collect()
@@ -81,9 +129,10 @@ impl LockHistory {
     /// hundred acquires, which then came back one grant at a time (0.105 s against 0.086 s).
     pub fn expected_order(&self) -> HashMap<LockId, usize> {
         let mut order = HashMap::new();
-        if let Some(&last) = self.recent.back() {
+        if let Some(pos) = self.recorded.checked_sub(1) {
+            let last = self.at(pos);
             order.insert(last, 0);
-            for (j, &l) in self.follow.get(&last).into_iter().flatten().enumerate() {
+            for (j, l) in self.followers(last).into_iter().flatten().enumerate() {
                 order.entry(l).or_insert(j);
             }
         }
@@ -157,6 +206,55 @@ mod tests {
         assert_eq!(h.wish(LockId(2)), ids(&[3, 4, 5, 6]));
         assert_eq!(h.wish(LockId(8)), ids(&[9]));
         assert!(h.wish(LockId(9)).is_empty());
+    }
+
+    /// The plain definition: a window of the last `limit` acquires, copied out at every acquire.
+    struct Reference {
+        limit: usize,
+        recent: std::collections::VecDeque<LockId>,
+        follow: HashMap<LockId, Vec<LockId>>,
+    }
+
+    impl Reference {
+        fn record(&mut self, lock: LockId) {
+            self.recent.push_back(lock);
+            if self.recent.len() > self.limit {
+                let anchor = self.recent.pop_front().unwrap();
+                let after = self.recent.iter().copied().filter(|&l| l != anchor).collect();
+                self.follow.insert(anchor, after);
+            }
+        }
+    }
+
+    #[test]
+    fn the_ring_answers_as_the_plain_definition_across_wraps() {
+        // Walks with repeats and detours, some locks left for longer than the ring holds.
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        for limit in [1, 3, 8] {
+            let mut h = LockHistory::new(limit, 64);
+            let mut r = Reference { limit, recent: Default::default(), follow: HashMap::new() };
+            for step in 0..5_000u64 {
+                let lock = match next(4) {
+                    0 => LockId(next(64) as u32),
+                    _ => LockId((step % 24) as u32 + if step % 1000 < 500 { 0 } else { 30 }),
+                };
+                h.record(lock);
+                r.record(lock);
+                for l in (0..64).map(LockId) {
+                    let want =
+                        r.follow.get(&l).cloned().unwrap_or_else(|| {
+                            (l.0 + 1..(l.0 + 1 + limit as u32).min(64)).map(LockId).collect()
+                        });
+                    assert_eq!(h.wish(l), want, "limit {limit}, step {step}, {l:?}");
+                }
+            }
+        }
     }
 
     #[test]
