@@ -195,7 +195,7 @@ impl<M: PageMemory> Node<M> {
             }
             // A lock wished twice is bundled once: its token is gone after the first time. A
             // token we expect to take no later than the acquirer stays (`expected_order`).
-            if b == lock || ours.get(&b).is_some_and(|&j| j <= i) {
+            if b == lock || ours.get(b).is_some_and(|j| j <= i) {
                 continue;
             }
             let manager = self.manager_of(b);
