@@ -219,16 +219,21 @@ impl<M: PageMemory> Node<M> {
     /// The diffs a grant to `to` carries. Two kinds of pages qualify, both with a write notice
     /// in the grant (written in an interval the acquirer lacks):
     ///
-    /// - **the data the locks protect**: pages we began writing (made the twin) in an interval
-    ///   in which we held one of `locks` (the granted lock and the bundled ones), most likely what
-    ///   the acquirer reads next;
-    /// - **pages the acquirer reads**: pages it subscribes to (it fetched them from us before,
-    ///   `push.rs`) and has kept up with (it has every diff of ours it knows of: a page it read
-    ///   once and left is not sent again and again). The notice the grant carries would make it
-    ///   fetch them when it next reads them, and a later grant of the lock they were written
-    ///   under could not complete them (the acquirer would know their intervals by then without
-    ///   having their diffs). Water's force pages, each written under some 57 molecule locks
-    ///   that bundles split, were so fetched five times a step per node.
+    /// - **the data the locks protect**: pages we began writing (made the twin) while holding a
+    ///   lock, in an interval in which we held one of `locks` (the granted lock and the bundled
+    ///   ones), most likely what the acquirer reads next. An interval runs from one release to
+    ///   the next, so a page twinned before the acquire counts only if a lock was held then:
+    ///   water rewrites its molecules, 14 pages a node, just before taking the energy lock, and
+    ///   its grants carried them all, cut on the spot (64 KB; 250-270 µs acquires);
+    /// - **pages the acquirer reads**: pages written under some lock that it subscribes to (it
+    ///   fetched them from us before, `push.rs`) and has kept up with (it has every diff of ours
+    ///   it knows of: a page it read once and left is not sent again and again). The notice the
+    ///   grant carries would make it fetch them when it next reads them, and a later grant of
+    ///   the lock they were written under could not complete them (the acquirer would know their
+    ///   intervals by then without having their diffs). Water's force pages, each written under
+    ///   some 57 molecule locks that bundles split, were so fetched five times a step per node.
+    ///
+    /// Pages written outside any lock go with barriers (pushes) or are fetched when read.
     ///
     /// Each page goes as a diff request would be answered: every diff of ours after the one we
     /// assume the acquirer has (`after_seq`: the newest whose first interval it knows of, or
@@ -257,13 +262,14 @@ impl<M: PageMemory> Node<M> {
             .into_iter()
             .filter_map(|p| {
                 let meta = &self.pages[p.idx()];
-                let protected = meta.twin.is_some_and(began_under_lock)
-                    || meta.diffs.iter().any(|d| began_under_lock(d.first));
+                let protected = (meta.under_lock && meta.twin.is_some_and(began_under_lock))
+                    || meta.diffs.iter().any(|d| d.under_lock && began_under_lock(d.first));
                 let subscribed = self.subscription(p, to);
                 let known_seq =
                     meta.diffs.iter().take_while(|d| d.first <= known).last().map_or(0, |d| d.seq);
                 let after_seq = subscribed.map_or(known_seq, |s| s.min(known_seq));
-                let kept_up = subscribed.is_some_and(|s| s >= known_seq);
+                let written_under_lock = meta.under_lock || meta.diffs.iter().any(|d| d.under_lock);
+                let kept_up = subscribed.is_some_and(|s| s >= known_seq) && written_under_lock;
                 (protected || kept_up).then_some((!protected, p, after_seq))
             })
             .collect();

@@ -265,7 +265,9 @@ impl<M: PageMemory> Node<M> {
     /// The fault handler made a twin of `p` by itself and made it writable.
     pub fn handle_twin_made(&mut self, p: PageIdx) {
         debug_assert_eq!(self.mem.access(p), Access::ReadWrite);
-        self.pages[p.idx()].twin = Some(self.open_interval());
+        let (open, under_lock) = (self.open_interval(), !self.held_locks.is_empty());
+        let meta = &mut self.pages[p.idx()];
+        (meta.twin, meta.under_lock) = (Some(open), under_lock);
         self.twinned.insert(p);
         self.opened_twins.push(p);
         self.stats.fast_twins += 1;

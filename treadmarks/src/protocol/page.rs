@@ -110,6 +110,8 @@ pub struct OwnDiff {
     pub first: IntervalIdx,
     /// Timestamp of interval `first`.
     pub first_vt: VectorTime,
+    /// The twin was made while the application held a lock ([`PageMeta::under_lock`]).
+    pub under_lock: bool,
     pub diff: Diff,
 }
 
@@ -133,6 +135,10 @@ pub struct PageMeta {
     pub base_from: Option<NodeId>,
     /// Declared overwritten while stale: the next diff cut is the whole page (module docs).
     pub whole: bool,
+    /// Our twin was made while the application held a lock (a twin renewed when a diff was cut
+    /// keeps the flag of the one it replaces): only such pages are taken for data a lock
+    /// protects (`lock.rs`).
+    pub under_lock: bool,
 }
 
 impl PageMeta {
@@ -179,7 +185,9 @@ impl<M: PageMemory> Node<M> {
     pub(crate) fn make_twin(&mut self, p: PageIdx) {
         self.mem.make_twin(p);
         self.mem.set_access(p, 1, Access::ReadWrite);
-        self.pages[p.idx()].twin = Some(self.open_interval());
+        let (open, under_lock) = (self.open_interval(), !self.held_locks.is_empty());
+        let meta = &mut self.pages[p.idx()];
+        (meta.twin, meta.under_lock) = (Some(open), under_lock);
         self.twinned.insert(p);
         self.opened_twins.push(p);
         self.stats.twins += 1;
@@ -264,7 +272,8 @@ impl<M: PageMemory> Node<M> {
         self.stats.diffs_created += 1;
         self.note_cut(p);
         self.stats.diff_bytes_created += diff.encoded_len() as u64;
-        self.pages[p.idx()].diffs.push(OwnDiff { seq: self.diff_seq, first, first_vt, diff });
+        let under_lock = self.pages[p.idx()].under_lock;
+        self.pages[p.idx()].diffs.push(OwnDiff { seq: self.diff_seq, first, first_vt, under_lock, diff });
         end
     }
 
@@ -447,10 +456,12 @@ impl<M: PageMemory> Node<M> {
             pages.iter().copied().filter(|&p| self.mem.access(p) == Access::Read).collect();
         self.mem.prepare_twins(&readable);
         let mut twinned = Vec::new();
+        let under_lock = !self.held_locks.is_empty();
         for p in readable {
             self.mem.make_twin(p);
             let meta = &mut self.pages[p.idx()];
             meta.twin = Some(open);
+            meta.under_lock = under_lock;
             meta.renewed = true;
             meta.idle = false;
             self.twinned.insert(p);

@@ -192,9 +192,10 @@ fn a_grant_carries_no_diff_for_data_written_outside_the_lock() {
     assert_eq!(net.kinds().iter().filter(|k| k.2 == DiffRequest).count(), 1);
 }
 
-/// Node 0 reads page 2 of node 1's once, at a barrier: it subscribes to the page.
+/// Node 0 reads page 2 of node 1's once, at a barrier: it subscribes to the page. Node 1 wrote
+/// it under a lock (lock 3), so its grants may carry the page.
 fn subscribe_node_0_to_page_2(net: &mut Net) {
-    net.write(1, 2, 0, 1);
+    write_under(net, 1, 3, 2, 0, 1);
     net.barrier();
     assert_eq!(net.read(0, 2, 0), 1);
     assert_eq!(net.kinds().iter().filter(|k| k.2 == MsgKind::DiffRequest).count(), 1);
@@ -248,6 +249,22 @@ fn a_grant_continues_a_push_held_unused() {
     assert_eq!((net.read(0, 2, 0), net.read(0, 2, 1)), (3, 4));
     assert_eq!(net.count(since, 0, 1, MsgKind::DiffRequest), 0, "{:?}", &net.log[since..]);
     assert_eq!(net.nodes[0].stats().pushes_used, 1);
+}
+
+#[test]
+fn a_grant_carries_no_page_twinned_before_its_lock_was_taken() {
+    let mut net = Net::new(2);
+    // Like water's energy lock: node 1 rewrites page 3 outside any lock, then takes lock 1 (its
+    // own token) and writes page 2; both fall in the interval its release ends.
+    net.write(1, 3, 0, 5);
+    write_under(&mut net, 1, 1, 2, 0, 6);
+    net.nodes[0].request_acquire(LockId(1)).unwrap();
+    net.settle();
+    assert_eq!(net.done(0), Some(AppDone::Acquired(LockId(1))));
+    assert_eq!(net.nodes[1].stats().diffs_piggybacked, 1, "page 2 only");
+    assert_eq!(net.nodes[0].mem().access(PageIdx(2)), Access::Read);
+    assert_eq!(net.nodes[0].mem().access(PageIdx(3)), Access::None, "fetched when read");
+    assert_eq!((net.read(0, 2, 0), net.read(0, 3, 0)), (6, 5));
 }
 
 #[test]
