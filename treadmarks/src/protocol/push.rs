@@ -159,8 +159,8 @@ impl<M: PageMemory> Node<M> {
     /// right).
     pub(crate) fn sent_to_subscriber(&mut self, p: PageIdx, s: NodeId, diffs: &[DiffWire]) {
         let Some(newest) = diffs.iter().map(|d| d.seq).max() else { return };
-        let subs = self.push.subscribers.get_mut(&p).into_iter().flatten();
-        if let Some(entry) = subs.into_iter().find(|(n, _)| *n == s) {
+        let mut subs = self.push.subscribers.get_mut(&p).into_iter().flatten();
+        if let Some(entry) = subs.find(|(n, _)| *n == s) {
             entry.1 = entry.1.max(newest);
         }
     }
@@ -445,11 +445,12 @@ impl<M: PageMemory> Node<M> {
             let stale = meta.writers.iter().enumerate().find(|(_, st)| st.noticed > st.applied);
             let Some((w, &st)) = stale else { continue };
             let w = NodeId(w as u16);
-            let Some(diffs) = self.pushed_usable(p, w, st).then(|| self.take_pushed(p, w, st)).flatten()
-            else {
+            // An unusable push stays for the miss to judge (and count).
+            if !self.pushed_usable(p, w, st) {
                 invalid.push(p);
                 continue;
-            };
+            }
+            let diffs = self.take_pushed(p, w, st).expect("a usable push is taken");
             self.apply_in_place(p, w, diffs)?;
             self.stats.pushes_in_place += 1;
             if let Some(c) = self.push.credits.get_mut(&(p, w)) {
