@@ -605,28 +605,25 @@ impl<M: PageMemory> Node<M> {
         if pushed.is_some() {
             diffs.extend(self.take_pushed(p, from, before).into_iter().flatten());
         }
-        diffs.sort_by_key(|w| w.seq);
-        let nprocs = self.nprocs();
-        for w in &diffs {
-            self.apply_diff(p, from, w)?;
-        }
-        let st = self.pages[p.idx()].writer(from, nprocs, &mut self.acct.writer_tables);
-        st.applied = st.noticed;
+        self.complete_from(p, from, diffs, false)?;
         self.mem.set_access(p, 1, Access::Read);
         Ok(())
     }
 
-    /// Completes read-only page `p` where it stands with `diffs`, the push of its only stale
-    /// writer `from`, while the application waits in a barrier (`push.rs`).
-    pub(crate) fn apply_in_place(
+    /// Completes page `p`, whose only stale writer is `from`, with `diffs`: every diff of
+    /// `from`'s we lack (a grant's, a push's), applied in order, and marks its notices applied.
+    /// `in_place`: the page is read-only and stays so, the application waiting in a barrier
+    /// (`push.rs`); otherwise it is invalid, and the caller restores its access.
+    pub(crate) fn complete_from(
         &mut self,
         p: PageIdx,
         from: NodeId,
         mut diffs: Vec<DiffWire>,
+        in_place: bool,
     ) -> Result<(), ProtocolError> {
         diffs.sort_by_key(|d| d.seq);
         for d in &diffs {
-            self.apply_diff_where(p, from, d, true)?;
+            self.apply_diff_where(p, from, d, in_place)?;
         }
         let nprocs = self.nprocs();
         let st = self.pages[p.idx()].writer(from, nprocs, &mut self.acct.writer_tables);

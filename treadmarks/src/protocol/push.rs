@@ -61,7 +61,7 @@ use super::ids::{DiffSeq, IntervalIdx, NodeId, PageIdx};
 use super::memory::{Access, PageMemory};
 use super::msg::{DiffAsk, DiffWire, Message, PageDiffs, UnaskedDiffs};
 use super::node::{Node, Pending};
-use super::page::WriterState;
+use super::page::{PageMeta, WriterState};
 use std::collections::BTreeMap;
 
 /// Most pages pushed to one subscriber at one barrier; a subscriber that would get more is
@@ -419,9 +419,7 @@ impl<M: PageMemory> Node<M> {
     /// credit for the page, and the page is read-only and wholly ours to update.
     pub(crate) fn defers_invalidation(&self, p: PageIdx) -> bool {
         let meta = &self.pages[p.idx()];
-        let mut stale = meta.writers.iter().enumerate().filter(|(_, st)| st.noticed > st.applied);
-        let (Some((w, _)), None) = (stale.next(), stale.next()) else { return false };
-        let w = NodeId(w as u16);
+        let Some((w, _)) = sole_stale_writer(meta) else { return false };
         self.push.expected_from.contains(&w)
             && self.push.credits.get(&(p, w)).is_some_and(|&c| c > 0)
             && self.mem.access(p) == Access::Read
@@ -442,16 +440,21 @@ impl<M: PageMemory> Node<M> {
         let mut invalid = Vec::new();
         for p in std::mem::take(&mut self.push.deferred) {
             let meta = &self.pages[p.idx()];
-            let stale = meta.writers.iter().enumerate().find(|(_, st)| st.noticed > st.applied);
-            let Some((w, &st)) = stale else { continue };
-            let w = NodeId(w as u16);
+            let Some((w, st)) = sole_stale_writer(meta) else {
+                // No notice arrives while the application waits; should one have, the page is
+                // invalidated as usual.
+                if meta.is_stale() {
+                    invalid.push(p);
+                }
+                continue;
+            };
             // An unusable push stays for the miss to judge (and count).
             if !self.pushed_usable(p, w, st) {
                 invalid.push(p);
                 continue;
             }
             let diffs = self.take_pushed(p, w, st).expect("a usable push is taken");
-            self.apply_in_place(p, w, diffs)?;
+            self.complete_from(p, w, diffs, true)?;
             self.stats.pushes_in_place += 1;
             if let Some(c) = self.push.credits.get_mut(&(p, w)) {
                 *c = c.saturating_sub(1);
@@ -470,5 +473,15 @@ impl<M: PageMemory> Node<M> {
         self.stats.pushes_wasted += self.push.pushed.len() as u64;
         self.push.pushed.clear();
         self.push.collected_at = self.stats.barriers + 1;
+    }
+}
+
+/// The one writer of a page whose notices we have not all applied, with our state of it; `None`
+/// if there are none or several.
+fn sole_stale_writer(meta: &PageMeta) -> Option<(NodeId, WriterState)> {
+    let mut stale = meta.writers.iter().enumerate().filter(|(_, st)| st.noticed > st.applied);
+    match (stale.next(), stale.next()) {
+        (Some((w, &st)), None) => Some((NodeId(w as u16), st)),
+        _ => None,
     }
 }
