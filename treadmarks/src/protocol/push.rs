@@ -418,6 +418,9 @@ impl<M: PageMemory> Node<M> {
     /// waits for the pushes (see the module docs): its only stale writer announced a push, has
     /// credit for the page, and the page is read-only and wholly ours to update.
     pub(crate) fn defers_invalidation(&self, p: PageIdx) -> bool {
+        if self.push.expected_from.is_empty() {
+            return false;
+        }
         let meta = &self.pages[p.idx()];
         let Some((w, _)) = sole_stale_writer(meta) else { return false };
         self.push.expected_from.contains(&w)
