@@ -35,6 +35,16 @@ const EXPAND: [u64; 256] = {
     t
 };
 
+/// Whether packing costs no more than copying words whole here (the AVX-512 kernel: a page of
+/// doubles packs about as fast as it copies, and unpacks faster than a masked merge), so that
+/// every partly changed run is worth packing.
+pub fn packs_cheaply() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return kernel() == Kernel::Avx512;
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// The word with byte `i` all ones where bit `i` of `m` is set.
 #[inline]
 pub fn byte_mask(m: u8) -> u64 {

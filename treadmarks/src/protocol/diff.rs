@@ -15,12 +15,13 @@
 //! changed is *full* and its data is copied as is. Otherwise each word has a mask byte (bit `i`
 //! set if byte `i` of the word changed) and applying writes only those bytes. A *masked* run
 //! carries its words whole; a *packed* one only the bytes the masks select, word by word, low
-//! byte first ([`crate::mem::pack`]). Packing costs about a nanosecond a word at each end and
-//! saves the bytes that did not change, which cost the sender's socket write about half a
-//! nanosecond each on the VM this was measured on: a run is packed when its words changed
-//! [`PACK_MAX_BYTES`] bytes or fewer on average. Converging floating-point data changes few bytes
-//! of a word: Jacobi's diffs shrank from ~4.2 KB to ~1.7 KB a page, FFT's by a third; integers
-//! rewritten at random (sort keys) keep the masked form.
+//! byte first ([`crate::mem::pack`]). Packing a word with BMI2 costs about a nanosecond at each
+//! end and saves the bytes that did not change, which cost the sender's socket write about half
+//! a nanosecond each on the VM this was measured on: a run is packed when its words changed
+//! [`PACK_MAX_BYTES`] bytes or fewer on average, or always where packing costs no more than
+//! copying ([`crate::mem::pack::packs_cheaply`]: with AVX-512 VBMI2). Converging floating-point
+//! data changes few bytes of a word: Jacobi's diffs shrank from ~4.2 KB to ~1.7 KB a page,
+//! FFT's by a third.
 //!
 //! So diffs are exact to the byte: bytes equal to the twin are never written, and two nodes
 //! writing disjoint bytes of one page (false sharing, even inside one word) merge correctly
@@ -216,7 +217,9 @@ fn encode(s: &mut Scratch, page: &[u8]) {
     let mut prev_end = 0usize;
     let mut emit = |start: usize, end: usize, masked: bool| {
         let (words, m) = (&page[start * WORD..end * WORD], &masks[start..end]);
-        let packed = masked && crate::mem::pack::packed_len(m) <= PACK_MAX_BYTES * m.len();
+        let packed = masked
+            && (crate::mem::pack::packs_cheaply()
+                || crate::mem::pack::packed_len(m) <= PACK_MAX_BYTES * m.len());
         let kind = if packed {
             PACKED
         } else if masked {
@@ -456,13 +459,15 @@ mod tests {
         let runs = d.runs(4096).unwrap();
         assert_eq!(runs.len(), 512);
         assert!(runs.iter().enumerate().all(|(i, r)| *r == Run { offset: i * WORD, len: 2 }));
-        // Seven bytes of eight changed: the words travel whole.
+        // Seven bytes of eight changed: the words travel whole, unless packing is as cheap as
+        // copying them.
         let mut page = twin.clone();
         for w in page.chunks_exact_mut(WORD) {
             w[..7].iter_mut().for_each(|b| *b ^= 0x81);
         }
         let d = Diff::make(&twin, &page);
-        assert_eq!(d.encoded_len(), 1 + 2 + 512 * 9);
+        let per_word = if crate::mem::pack::packs_cheaply() { 8 } else { 9 };
+        assert_eq!(d.encoded_len(), 1 + 2 + 512 * per_word);
         let mut t = twin.clone();
         d.apply(&mut t).unwrap();
         assert_eq!(t, page);
@@ -645,7 +650,8 @@ mod tests {
         let mut prev_end = 0usize;
         let mut emit = |out: &mut Vec<u8>, start: usize, end: usize, masked: bool| {
             let changed: usize = masks[start..end].iter().map(|m| m.count_ones() as usize).sum();
-            let packed = masked && changed <= PACK_MAX_BYTES * (end - start);
+            let packed =
+                masked && (crate::mem::pack::packs_cheaply() || changed <= PACK_MAX_BYTES * (end - start));
             put_varint(out, start - prev_end);
             put_varint(out, (end - start) << 2 | if packed { 2 } else { usize::from(masked) });
             if masked {
