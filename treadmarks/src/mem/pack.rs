@@ -16,6 +16,7 @@
 //! understand each other. On the 2-vCPU VM (Zen 4), a page of doubles changing 2-3 bytes a word
 //! takes 0.43 µs to diff and 0.19 µs to apply packed, against 0.40 and 0.32 µs masked.
 
+#[cfg(target_arch = "x86_64")]
 use std::sync::OnceLock;
 
 /// `EXPAND[m]`: the word with byte `i` all ones where bit `i` of `m` is set.
