@@ -215,11 +215,10 @@ fn encode(s: &mut Scratch, page: &[u8]) {
         full_runs[k] = (1..MIN_FULL_RUN).fold(x, |r, sh| r & (x >> sh | next << (64 - sh)));
     }
     let mut prev_end = 0usize;
+    let pack_all = crate::mem::pack::packs_cheaply();
     let mut emit = |start: usize, end: usize, masked: bool| {
         let (words, m) = (&page[start * WORD..end * WORD], &masks[start..end]);
-        let packed = masked
-            && (crate::mem::pack::packs_cheaply()
-                || crate::mem::pack::packed_len(m) <= PACK_MAX_BYTES * m.len());
+        let packed = masked && (pack_all || crate::mem::pack::packed_len(m) <= PACK_MAX_BYTES * m.len());
         let kind = if packed {
             PACKED
         } else if masked {
