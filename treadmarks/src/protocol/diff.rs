@@ -643,14 +643,18 @@ mod tests {
         }
     }
 
-    /// The encoder as first written, a branch per word: the reference for the bit-set one.
-    fn reference_encode(masks: &[u8], page: &[u8]) -> Vec<u8> {
+    /// The encoder as first written, a branch per word: the reference for the bit-set one. Runs
+    /// of partly changed words are packed as the encoder packs them here, or with `pack` set,
+    /// always or never (as a node with another kernel may).
+    fn reference_encode(masks: &[u8], page: &[u8], pack: Option<bool>) -> Vec<u8> {
         let mut out = Vec::new();
         let mut prev_end = 0usize;
         let mut emit = |out: &mut Vec<u8>, start: usize, end: usize, masked: bool| {
             let changed: usize = masks[start..end].iter().map(|m| m.count_ones() as usize).sum();
-            let packed =
-                masked && (crate::mem::pack::packs_cheaply() || changed <= PACK_MAX_BYTES * (end - start));
+            let packed = masked
+                && pack.unwrap_or_else(|| {
+                    crate::mem::pack::packs_cheaply() || changed <= PACK_MAX_BYTES * (end - start)
+                });
             put_varint(out, start - prev_end);
             put_varint(out, (end - start) << 2 | if packed { 2 } else { usize::from(masked) });
             if masked {
@@ -734,7 +738,15 @@ mod tests {
                 let d = Diff::make(&twin, &page);
                 let mut masks = vec![0; size / WORD];
                 crate::mem::bytes::changed_byte_masks(&twin, &page, &mut masks);
-                assert_eq!(&d.0[..], &reference_encode(&masks, &page)[..], "page of {size} bytes");
+                assert_eq!(&d.0[..], &reference_encode(&masks, &page, None)[..], "page of {size} bytes");
+                // What a node packing every run, or none, would send applies alike.
+                for pack in [true, false] {
+                    let other = Diff(SharedBytes::copy_of(&reference_encode(&masks, &page, Some(pack))));
+                    let mut t = twin.clone();
+                    other.apply(&mut t).unwrap();
+                    assert_eq!(t, page, "page of {size} bytes, every run packed: {pack}");
+                    assert_eq!(other.runs(size).unwrap(), d.runs(size).unwrap());
+                }
                 let mut t = twin.clone();
                 d.apply(&mut t).unwrap();
                 assert_eq!(t, page);
