@@ -354,23 +354,23 @@ impl Links {
         if link.said_goodbye.load(Ordering::Acquire) || link.writer.is_finished() {
             return Err(TransportError::LinkClosed { to, len });
         }
-        let mut item = Outgoing::Frame(frame);
-        if link.unwritten.load(Ordering::Acquire) == 0 {
-            let Outgoing::Frame(frame) = &item else { unreachable!("just made") };
-            // A write error (or a full socket) leaves the frame to the writer, which meets the
-            // error itself and stops the link, or waits until the socket takes it.
-            if let Ok(n) = link.half.try_write(frame) {
+        // A write error (or a full socket) leaves the frame to the writer, which meets the error
+        // itself and stops the link, or waits until the socket takes it.
+        let written =
+            if link.unwritten.load(Ordering::Acquire) == 0 { link.half.try_write(&frame).ok() } else { None };
+        let item = match written {
+            None => Outgoing::Frame(frame),
+            Some(n) => {
                 self.counters[to.idx()].add_sent(1, len as u64);
                 if n == len {
-                    let Outgoing::Frame(frame) = item else { unreachable!("just made") };
                     self.pool.give(frame);
                     return Ok(());
                 }
-                let Outgoing::Frame(mut frame) = item else { unreachable!("just made") };
-                frame.drain(..n);
-                item = Outgoing::Rest(frame);
+                let mut rest = frame;
+                rest.drain(..n);
+                Outgoing::Rest(rest)
             }
-        }
+        };
         link.unwritten.fetch_add(1, Ordering::AcqRel);
         link.queue.send(item).map_err(|_| {
             link.unwritten.fetch_sub(1, Ordering::AcqRel);
