@@ -106,7 +106,7 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let p = &self.protocol;
         let sent = self.sent();
-        let fields: [(&str, f64); 42] = [
+        let fields: [(&str, f64); 43] = [
             ("node", f64::from(self.node.0)),
             ("nprocs", f64::from(self.nprocs)),
             ("msgs_sent", sent.msgs as f64),
@@ -116,6 +116,7 @@ impl Stats {
             ("twins", (p.twins + p.fast_twins + p.twins_ahead) as f64),
             ("twins_ahead", p.twins_ahead as f64),
             ("twins_renewed", p.twins_renewed as f64),
+            ("renewals_skipped", p.renewals_skipped as f64),
             ("twin_slots_used", self.twin_slots_used as f64),
             ("twin_slots_reserved", self.twin_slots_reserved as f64),
             ("diffs_created", p.diffs_created as f64),
@@ -166,10 +167,11 @@ impl fmt::Display for Stats {
         )?;
         writeln!(
             f,
-            "  twins: {} ({} made ahead of writes, {} renewed; {} pages twinned, {} twin slots backed at startup)   diffs created: {} ({} B; 2 MiB chunks {} mapped, {} of them reserved at startup, {} reused)   diffs applied: {} ({} B)",
+            "  twins: {} ({} made ahead of writes, {} renewed, {} not renewed (declared overwritten); {} pages twinned, {} twin slots backed at startup)   diffs created: {} ({} B; 2 MiB chunks {} mapped, {} of them reserved at startup, {} reused)   diffs applied: {} ({} B)",
             p.twins + p.fast_twins + p.twins_ahead,
             p.twins_ahead,
             p.twins_renewed,
+            p.renewals_skipped,
             self.twin_slots_used,
             self.twin_slots_reserved,
             p.diffs_created,

@@ -207,7 +207,11 @@ impl<M: PageMemory> Node<M> {
     /// the application is likely still writing, *renews* the twin instead of dropping it: the
     /// page is copied into the twin and stays writable, so the next write does not fault. A
     /// renewed twin is noticed at the interval's end only if the page changed (see
-    /// [`Node::close_interval`]).
+    /// [`Node::close_interval`]). A page declared overwritten ([`Node::request_overwrite`]) is
+    /// not renewed: it is an output, written in full once a phase through a view, which twins
+    /// it ahead if it is written again. Renewing it would cost a copy and a remapping now, and
+    /// a freeze and a comparison at the interval's close, to spare at best the view's copy
+    /// (radix sort: 0.0761 → 0.0712 s, 11 alternated runs).
     pub(crate) fn cut_twin(&mut self, p: PageIdx, then: Access) {
         if self.pages[p.idx()].twin.is_none() {
             return;
@@ -234,7 +238,11 @@ impl<M: PageMemory> Node<M> {
     /// page's final protection.
     fn cut_diff(&mut self, p: PageIdx, then: Access, was_writable: bool, blocked: bool) -> Access {
         let Some(first) = self.pages[p.idx()].twin.take() else { return then };
-        let hot = then == Access::Read && was_writable && first >= self.vt.get(self.me);
+        let recent = then == Access::Read && was_writable && first >= self.vt.get(self.me);
+        let hot = recent && !self.pages[p.idx()].whole;
+        if recent && !hot {
+            self.stats.renewals_skipped += 1;
+        }
         self.pages[p.idx()].renewed = false;
         self.twinned.remove(&p);
         let writable = blocked && self.mem.access(p) == Access::ReadWrite;

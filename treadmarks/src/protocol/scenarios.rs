@@ -884,6 +884,34 @@ fn a_valid_page_declared_overwritten_is_diffed_whole() {
 }
 
 #[test]
+fn a_page_declared_overwritten_is_not_renewed_when_served() {
+    let mut net = Net::new(2);
+    // Node 0 overwrites page 1 through a declaring view and writes page 2 plainly, in the same
+    // interval; node 1 reads both in the next one, while both twins are recent.
+    net.nodes[0].request_overwrite(&[PageIdx(1), PageIdx(2)], &[PageIdx(1)]).unwrap();
+    net.settle();
+    assert_eq!(net.done(0), Some(AppDone::Validated));
+    for b in 0..PAGE {
+        net.write(0, 1, b, 4);
+    }
+    net.write(0, 2, 0, 6);
+    net.barrier();
+    assert_eq!((net.read(1, 1, 0), net.read(1, 2, 0)), (4, 6));
+    // The output page lost its twin and write access; the other kept both (renewed).
+    let stats = net.nodes[0].stats();
+    assert_eq!((stats.renewals_skipped, stats.twins_renewed), (1, 1));
+    assert_eq!(net.nodes[0].mem().access(PageIdx(1)), Access::Read);
+    assert_eq!(net.nodes[0].mem().access(PageIdx(2)), Access::ReadWrite);
+    // Written again, page 1 takes a fresh twin, and its next diff is an ordinary one.
+    net.write(0, 1, 0, 5);
+    assert_eq!(net.nodes[0].mem().access(PageIdx(1)), Access::ReadWrite);
+    let made = net.nodes[0].stats().diff_bytes_created;
+    net.barrier();
+    assert_eq!((net.read(1, 1, 0), net.read(1, 1, 1)), (5, 4));
+    assert!(net.nodes[0].stats().diff_bytes_created - made < PAGE as u64, "a one-byte change");
+}
+
+#[test]
 fn the_manager_applies_many_notices_of_a_release_after_sending_it() {
     let pages = super::barrier::DEFER_NOTICES_MIN as u32;
     let mut net = Net::with_pages(2, pages + 1);

@@ -11,6 +11,9 @@ pub struct ProtocolStats {
     pub twins: u64,
     /// Twins renewed when a diff was served (the page stayed writable; no fault on its next write).
     pub twins_renewed: u64,
+    /// Twins of recently written pages dropped, not renewed, when a diff was served: the pages
+    /// were declared overwritten (outputs; see `Node::cut_twin`).
+    pub renewals_skipped: u64,
     /// Twins made ahead of writes for a mutable view (no fault on its first write).
     pub twins_ahead: u64,
     /// Twins made by the fault handler's fast path (reported through `handle_twin_made`).
@@ -81,6 +84,7 @@ impl std::ops::AddAssign<&ProtocolStats> for ProtocolStats {
         self.write_faults += o.write_faults;
         self.twins += o.twins;
         self.twins_renewed += o.twins_renewed;
+        self.renewals_skipped += o.renewals_skipped;
         self.twins_ahead += o.twins_ahead;
         self.fast_twins += o.fast_twins;
         self.diffs_created += o.diffs_created;
