@@ -39,6 +39,9 @@ pub struct Stats {
     /// (`mem/heap.rs`: `Heap::reserve_twins`).
     pub twin_slots_used: u64,
     pub twin_slots_reserved: u64,
+    /// First twins of pages never written, made without a copy (the page and its fresh slot both
+    /// hold zeros).
+    pub zero_twins: u64,
     /// 2 MiB chunks of diff storage this process mapped fresh (those reserved at startup
     /// included), reserved, and took from its pool instead (`mem/chunk.rs`).
     pub diff_chunks_mapped: u64,
@@ -106,7 +109,7 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let p = &self.protocol;
         let sent = self.sent();
-        let fields: [(&str, f64); 43] = [
+        let fields: [(&str, f64); 44] = [
             ("node", f64::from(self.node.0)),
             ("nprocs", f64::from(self.nprocs)),
             ("msgs_sent", sent.msgs as f64),
@@ -119,6 +122,7 @@ impl Stats {
             ("renewals_skipped", p.renewals_skipped as f64),
             ("twin_slots_used", self.twin_slots_used as f64),
             ("twin_slots_reserved", self.twin_slots_reserved as f64),
+            ("zero_twins", self.zero_twins as f64),
             ("diffs_created", p.diffs_created as f64),
             ("diff_bytes_created", p.diff_bytes_created as f64),
             ("diffs_applied", p.diffs_applied as f64),
@@ -167,11 +171,12 @@ impl fmt::Display for Stats {
         )?;
         writeln!(
             f,
-            "  twins: {} ({} made ahead of writes, {} renewed, {} not renewed (declared overwritten); {} pages twinned, {} twin slots backed at startup)   diffs created: {} ({} B; 2 MiB chunks {} mapped, {} of them reserved at startup, {} reused)   diffs applied: {} ({} B)",
+            "  twins: {} ({} made ahead of writes, {} renewed, {} not renewed (declared overwritten), {} of never-written pages without a copy; {} pages twinned, {} twin slots backed at startup)   diffs created: {} ({} B; 2 MiB chunks {} mapped, {} of them reserved at startup, {} reused)   diffs applied: {} ({} B)",
             p.twins + p.fast_twins + p.twins_ahead,
             p.twins_ahead,
             p.twins_renewed,
             p.renewals_skipped,
+            self.zero_twins,
             self.twin_slots_used,
             self.twin_slots_reserved,
             p.diffs_created,

@@ -47,6 +47,8 @@ pub struct FaultCounters {
     /// Faults on a valid page that was not mapped in the application view (userfaultfd backend
     /// only: a minor fault on a page the runtime touched first), mapped in the handler.
     pub minor_maps: u64,
+    /// First twins of pages never written, which needed no copy (see `Heap::copy_to_twin`).
+    pub zero_twins: u64,
 }
 
 #[derive(Debug, Default)]
@@ -57,6 +59,7 @@ pub(super) struct AtomicCounters {
     pub(super) spurious_faults: AtomicU64,
     pub(super) protect_calls: AtomicU64,
     pub(super) minor_maps: AtomicU64,
+    pub(super) zero_twins: AtomicU64,
 }
 
 impl AtomicCounters {
@@ -102,6 +105,13 @@ pub struct Heap {
     /// invalidation drops the mapping. A hint, never trusted for correctness: a page the kernel
     /// mapped or dropped behind our back costs one failed ioctl or one minor fault.
     mapped: Box<[AtomicBool]>,
+    /// Pages whose bytes may no longer be the zeros a fresh memfd holds: set before the runtime
+    /// writes a page (`HeapPages::page_mut*`) and when a page is first twinned (the application
+    /// may write it from then on). The only other writer of a page is the application, and in a
+    /// protected heap it writes only twinned pages; in an unprotected one, every page counts as
+    /// written from the start. Set with `Relaxed`: the page's state word,
+    /// which every maker of a twin acquires after the writer released it, orders it.
+    written: Box<[AtomicBool]>,
     pub(super) states: Box<[AtomicU8]>,
     pub(super) ring: TwinRing,
     pub(super) counters: AtomicCounters,
@@ -296,6 +306,8 @@ impl Heap {
             twin_slots_used: AtomicU32::new(0),
             twin_slots_reserved: AtomicU32::new(0),
             allocated: (0..npages).map(|_| AtomicBool::new(false)).collect(),
+            // Unprotected, the application writes any page at any time.
+            written: (0..npages).map(|_| AtomicBool::new(!protect)).collect(),
             mapped: (0..if uffd.is_some() { npages } else { 0 }).map(|_| AtomicBool::new(false)).collect(),
             uffd,
             states: (0..npages).map(|_| AtomicU8::new(initial)).collect(),
@@ -341,6 +353,7 @@ impl Heap {
             spurious_faults: c.spurious_faults.load(Ordering::Relaxed),
             protect_calls: c.protect_calls.load(Ordering::Relaxed),
             minor_maps: c.minor_maps.load(Ordering::Relaxed),
+            zero_twins: c.zero_twins.load(Ordering::Relaxed),
         }
     }
 
@@ -615,10 +628,27 @@ impl Heap {
     /// # Safety
     /// The caller must own page `p`'s `BUSY` state or otherwise know that nobody writes the page
     /// (in either view) or its twin slot during the copy.
+    ///
+    /// A page never written (`written`) holds zeros, and so does the fresh slot its first twin
+    /// gets (the twin area is zeroed anonymous memory, and slots are handed out once): that twin
+    /// takes no copy, which spares both reading the page and writing the slot. Async-signal-safe
+    /// (atomics and a copy).
     pub(super) unsafe fn copy_to_twin(&self, p: u32) {
+        let first_twin = self.twin_slots[p as usize].load(Ordering::Acquire) == NO_SLOT;
+        let slot = self.twin_slot_for(p);
+        if !self.written[p as usize].swap(true, Ordering::Relaxed) && first_twin {
+            AtomicCounters::bump(&self.counters.zero_twins);
+            return;
+        }
         // SAFETY: both ranges are `page_size` bytes inside live mappings of this heap (offset
         // checked), in distinct mappings so they do not overlap; the caller excludes writers.
-        unsafe { std::ptr::copy_nonoverlapping(self.runtime_page(p), self.twin_slot_for(p), self.page_size) };
+        unsafe { std::ptr::copy_nonoverlapping(self.runtime_page(p), slot, self.page_size) };
+    }
+
+    /// The runtime is about to write page `p` (through the runtime view): it may no longer hold
+    /// zeros (see `copy_to_twin`).
+    pub(super) fn note_written(&self, p: u32) {
+        self.written[p as usize].store(true, Ordering::Relaxed);
     }
 
     /// `mprotect`s pages `first..first+count` of the application view to the protection of

@@ -150,6 +150,7 @@ impl PageMemory for HeapPages {
         // The application has no access (INVALID): any access faults and blocks in the slow path
         // until the service thread changes the state, which it cannot do while this `&mut self`
         // borrow lives. Only one `HeapPages` exists per heap (type docs).
+        self.0.note_written(i);
         // SAFETY: one page of the runtime view, live while `self.0` is; nothing else aliases it.
         unsafe { std::slice::from_raw_parts_mut(self.0.runtime_page(i), self.0.page_size()) }
     }
@@ -203,6 +204,7 @@ impl PageMemory for HeapPages {
         // The caller guarantees the application thread is inside a synchronization call, so
         // nothing reads the page meanwhile; it cannot write it (read-only), and the state stays
         // READ_ONLY while this `&mut self` borrow lives. Only one `HeapPages` exists per heap.
+        self.0.note_written(i);
         // SAFETY: one page of the runtime view, live while `self.0` is; nothing else aliases it.
         unsafe { std::slice::from_raw_parts_mut(self.0.runtime_page(i), self.0.page_size()) }
     }

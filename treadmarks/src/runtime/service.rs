@@ -342,6 +342,7 @@ impl Service {
         s.fast_write_faults = c.fast_write_faults;
         s.fault_handoffs = c.handoffs;
         s.minor_maps = c.minor_maps;
+        s.zero_twins = c.zero_twins;
         (s.twin_slots_used, s.twin_slots_reserved) = self.heap.twin_slots();
         let chunks = crate::mem::chunk::counts();
         (s.diff_chunks_mapped, s.diff_chunks_reserved, s.diff_chunks_reused) =

@@ -67,6 +67,39 @@ fn unprotected_heap_is_writable_without_a_handler() {
     assert_eq!(heap.counters().fast_write_faults, 0);
 }
 
+#[test]
+fn the_first_twin_of_a_never_written_page_takes_no_copy() {
+    let heap = Heap::map(layout(30, 4)).unwrap();
+    let mut pages = HeapPages(heap.clone());
+    // Page 1 was never written: its twin is the fresh slot's zeros, made without a copy.
+    pages.make_twin(PageIdx(1));
+    assert!(pages.twin(PageIdx(1)).iter().all(|&b| b == 0));
+    assert_eq!(heap.counters().zero_twins, 1);
+    // Page 2 was written by the runtime first: its twin is a copy.
+    pages.set_access(PageIdx(2), 1, Access::None);
+    pages.page_mut(PageIdx(2))[9] = 7;
+    pages.set_access(PageIdx(2), 1, Access::Read);
+    pages.make_twin(PageIdx(2));
+    assert_eq!(pages.twin(PageIdx(2))[9], 7);
+    // Page 1 again: no longer its first twin (the application may have written it since).
+    pages.set_access(PageIdx(1), 1, Access::None);
+    pages.page_mut(PageIdx(1))[0] = 3;
+    pages.set_access(PageIdx(1), 1, Access::Read);
+    pages.make_twin(PageIdx(1));
+    assert_eq!(pages.twin(PageIdx(1))[0], 3);
+    assert_eq!(heap.counters().zero_twins, 1);
+
+    // Unprotected, the application may have written any page: a first twin is always a copy.
+    let heap = Heap::map(HeapLayout { protect: false, ..layout(31, 2) }).unwrap();
+    // SAFETY: inside the application view, mapped read-write because protect = false.
+    unsafe { std::ptr::write_volatile(heap.app_base().add(5), 42u8) };
+    let mut pages = HeapPages(heap.clone());
+    pages.set_access(PageIdx(0), 1, Access::Read);
+    pages.make_twin(PageIdx(0));
+    assert_eq!(pages.twin(PageIdx(0))[5], 42);
+    assert_eq!(heap.counters().zero_twins, 0);
+}
+
 fn panic_message(r: Result<(), Box<dyn std::any::Any + Send>>) -> String {
     let payload = r.expect_err("should have panicked");
     payload
