@@ -38,6 +38,15 @@
 //! costs a few run headers instead of a mask byte per word (~4.2 KB instead of ~4.6 KB a page),
 //! and a page whose every byte changed is a single full run.
 //!
+//! Where every partly changed run is packed, a stretch of changed words also bridges gaps of up
+//! to [`BRIDGE_MAX_WORDS`] unchanged words: they join the packed run with a zero mask byte each
+//! and no data, which costs no more bytes than the run header it saves. Run headers cost time
+//! more than bytes: fft's pages, whose complex values keep a word here and there, took ~52 runs a
+//! page, most of one to three words; bridged, making a diff took 1.1 µs instead of 1.4 and
+//! applying it 0.6 µs instead of 1.2, at 1.6% fewer bytes. (Bridging gaps of up to 8 words
+//! halved the cost again, for 5% more bytes; on a slower network than loopback, and for sparser
+//! writes, whose bytes it would grow by half, that is the wrong trade.)
+//!
 //! A diff arrives from a peer, so [`Diff::apply`] checks every length and offset and returns a
 //! [`DiffError`] instead of panicking.
 
@@ -125,6 +134,13 @@ pub const MIN_FULL_RUN: usize = 8;
 /// Most changed bytes per word, on average over a run of partly changed words, for which the run
 /// is packed rather than masked (see the module docs).
 pub const PACK_MAX_BYTES: usize = 6;
+
+/// Most unchanged words between two stretches of changed words that a packed run bridges, when
+/// every partly changed run is packed ([`crate::mem::pack::packs_cheaply`]): a bridged word costs
+/// its mask byte (zero, and no data), a run of its own two header bytes or more, and each run a
+/// few nanoseconds to make and to apply. fft's pages (complex values, some kept) came out in ~52
+/// runs, most of one to three words.
+pub const BRIDGE_MAX_WORDS: usize = 2;
 
 /// The kind of a run, in the low two bits of its header.
 const FULL: usize = 0;
@@ -216,8 +232,21 @@ fn encode(s: &mut Scratch, page: &[u8]) {
     }
     let mut prev_end = 0usize;
     let pack_all = crate::mem::pack::packs_cheaply();
-    let mut emit = |start: usize, end: usize, masked: bool| {
+    let bridge = if pack_all { BRIDGE_MAX_WORDS } else { 0 };
+    // Words start..end as one run, but for bridged unchanged words at either end (which belong
+    // in the gap): full if every word changed fully.
+    let mut emit = |mut start: usize, mut end: usize| {
+        while start < end && masks[start] == 0 {
+            start += 1;
+        }
+        while end > start && masks[end - 1] == 0 {
+            end -= 1;
+        }
+        if start == end {
+            return;
+        }
         let (words, m) = (&page[start * WORD..end * WORD], &masks[start..end]);
+        let masked = m.iter().any(|&x| x != 0xff);
         let packed = masked && (pack_all || crate::mem::pack::packed_len(m) <= PACK_MAX_BYTES * m.len());
         let kind = if packed {
             PACKED
@@ -240,22 +269,21 @@ fn encode(s: &mut Scratch, page: &[u8]) {
     };
     let mut w = 0usize;
     while let Some(start) = next_one(changed, w, words) {
-        let end = next_zero(changed, start, words);
-        // Changed words start..end: full runs for stretches of at least MIN_FULL_RUN fully
-        // changed words (or for all of what is left if it is fully changed), masked runs for
-        // the rest.
+        let mut end = next_zero(changed, start, words);
+        while let Some(next) = next_one(changed, end, (end + bridge + 1).min(words)) {
+            end = next_zero(changed, next, words);
+        }
+        // Changed words start..end (unchanged ones bridged): full runs for stretches of at
+        // least MIN_FULL_RUN fully changed words (or for all of what is left if it is fully
+        // changed), masked runs for the rest.
         let mut from = start;
         while let Some(i) = next_one(full_runs, from, end) {
             let j = next_zero(full, i, end);
-            if from < i {
-                emit(from, i, true);
-            }
-            emit(i, j, false);
+            emit(from, i);
+            emit(i, j);
             from = j;
         }
-        if from < end {
-            emit(from, end, next_zero(full, from, end) < end);
-        }
+        emit(from, end);
         w = end;
     }
 }
@@ -649,7 +677,33 @@ mod tests {
     fn reference_encode(masks: &[u8], page: &[u8], pack: Option<bool>) -> Vec<u8> {
         let mut out = Vec::new();
         let mut prev_end = 0usize;
-        let mut emit = |out: &mut Vec<u8>, start: usize, end: usize, masked: bool| {
+        let bridge = match pack {
+            Some(all) => {
+                if all {
+                    BRIDGE_MAX_WORDS
+                } else {
+                    0
+                }
+            }
+            None => {
+                if crate::mem::pack::packs_cheaply() {
+                    BRIDGE_MAX_WORDS
+                } else {
+                    0
+                }
+            }
+        };
+        let mut emit = |out: &mut Vec<u8>, mut start: usize, mut end: usize| {
+            while start < end && masks[start] == 0 {
+                start += 1;
+            }
+            while end > start && masks[end - 1] == 0 {
+                end -= 1;
+            }
+            if start == end {
+                return;
+            }
+            let masked = masks[start..end].iter().any(|&m| m != 0xff);
             let changed: usize = masks[start..end].iter().map(|m| m.count_ones() as usize).sum();
             let packed = masked
                 && pack.unwrap_or_else(|| {
@@ -679,8 +733,20 @@ mod tests {
                 break;
             }
             let start = w;
-            while w < words && masks[w] != 0 {
-                w += 1;
+            // Changed words, and gaps of at most `bridge` unchanged ones between them.
+            loop {
+                while w < words && masks[w] != 0 {
+                    w += 1;
+                }
+                let mut g = w;
+                while g < words && masks[g] == 0 && g - w < bridge {
+                    g += 1;
+                }
+                if g > w && g < words && masks[g] != 0 {
+                    w = g;
+                } else {
+                    break;
+                }
             }
             let (mut from, mut i) = (start, start);
             while i < w {
@@ -693,17 +759,13 @@ mod tests {
                     j += 1;
                 }
                 if j - i >= MIN_FULL_RUN || (i == from && j == w) {
-                    if from < i {
-                        emit(&mut out, from, i, true);
-                    }
-                    emit(&mut out, i, j, false);
+                    emit(&mut out, from, i);
+                    emit(&mut out, i, j);
                     from = j;
                 }
                 i = j;
             }
-            if from < w {
-                emit(&mut out, from, w, true);
-            }
+            emit(&mut out, from, w);
         }
         out
     }
@@ -752,6 +814,26 @@ mod tests {
                 assert_eq!(t, page);
             }
         }
+    }
+
+    #[test]
+    fn short_gaps_are_bridged_where_every_run_is_packed() {
+        let twin = vec![0u8; 64 * WORD];
+        let mut page = twin.clone();
+        // Three bytes of words 0, 1, 3, 4 and 8: a gap of one word, then one of three.
+        for w in [0, 1, 3, 4, 8] {
+            page[w * WORD..w * WORD + 3].fill(9);
+        }
+        let d = Diff::make(&twin, &page);
+        // Bridged: words 0-4 in one packed run (2 header bytes, 5 masks, 12 bytes), then word 8
+        // (2 header bytes, a mask, 3 bytes). Not bridged: runs 0-1 and 3-4 of 10 bytes each.
+        let bridged = crate::mem::pack::packs_cheaply();
+        assert_eq!(d.encoded_len(), if bridged { 19 + 6 } else { 10 + 10 + 6 });
+        let mut t = twin.clone();
+        d.apply(&mut t).unwrap();
+        assert_eq!(t, page);
+        let bytes = |r: &[Run]| r.iter().map(|r| r.len).sum::<usize>();
+        assert_eq!(bytes(&d.runs(page.len()).unwrap()), 15, "a bridged word changes no byte");
     }
 
     #[test]
