@@ -7,9 +7,12 @@
 //! # The page-sharing rule (checked by both implementations)
 //! - [`PageMemory::page`] and [`PageMemory::make_twin`] read a page's bytes: only while the
 //!   application cannot write them. That means `access == None`, or `Read` while the application
-//!   thread is blocked (in a fault on that page, or in a synchronization call): a `Read` page of
-//!   a running application can become writable at any moment through the fault handler's fast
-//!   path, which also overwrites the twin. [`VecMemory`] can only check `access != ReadWrite`.
+//!   thread is blocked (in a fault on that page, or inside any call into the runtime that has not
+//!   returned: a synchronization call, a view's validation): a `Read` page of a running
+//!   application can become writable at any moment through the fault handler's fast path, which
+//!   also overwrites the twin. [`VecMemory`] can only check `access != ReadWrite`. While the
+//!   application thread is blocked so, even a `ReadWrite` page is read
+//!   ([`PageMemory::page_while_blocked`]): nothing runs that could write it.
 //! - [`PageMemory::page_mut`] writes them: only while the application has no access (`None`).
 //!   The application thread is then either inside a synchronization call or blocked in a fault on
 //!   that very page, so it cannot observe a half-applied diff.
@@ -61,11 +64,12 @@ pub trait PageMemory {
         0
     }
     /// True if page `p` equals its twin (nothing written since the twin was made). May be called
-    /// on a `ReadWrite` page only while the application thread is inside a synchronization call,
-    /// so that nothing writes the page meanwhile.
+    /// on a `ReadWrite` page only while the application thread is blocked inside a call into the
+    /// runtime (a synchronization call, a view's validation, a fault), so that nothing writes the
+    /// page meanwhile.
     fn same_as_twin(&self, p: PageIdx) -> bool;
-    /// The bytes of valid page `p`, `ReadWrite` included, while the application thread is inside
-    /// a synchronization call (so that nothing writes the page meanwhile), like
+    /// The bytes of valid page `p`, `ReadWrite` included, while the application thread is blocked
+    /// inside a call into the runtime (so that nothing writes the page meanwhile), like
     /// [`PageMemory::same_as_twin`]. [`VecMemory`] checks only that the page is valid.
     fn page_while_blocked(&self, p: PageIdx) -> &[u8];
     /// Copies valid page `p`, `ReadWrite` included, into its twin slot, under the contract of

@@ -306,7 +306,7 @@ impl<M: PageMemory> Node<M> {
                 for a in &asks {
                     self.check_page(from, a.page)?;
                 }
-                let pages = self.serve_diff_request(&asks, false);
+                let pages = self.serve_diff_request(&asks, self.app_blocked());
                 self.note_subscribers(from, &asks, &pages);
                 self.outbox.push_back((from, Message::DiffReply { pages }));
                 Ok(())
@@ -356,6 +356,13 @@ impl<M: PageMemory> Node<M> {
             Pending::None => Ok(()),
             _ => Err(ProtocolError::Busy { what }),
         }
+    }
+
+    /// True while the application thread waits inside a call into the runtime (a lock, a
+    /// barrier, a view's validation, a fault...) that has not completed: it runs no application
+    /// code until the completion is handed to it, so nothing writes a page meanwhile.
+    pub(crate) fn app_blocked(&self) -> bool {
+        !matches!(self.pending, Pending::None)
     }
 
     pub(crate) fn check_page(&self, from: NodeId, page: PageIdx) -> Result<(), ProtocolError> {

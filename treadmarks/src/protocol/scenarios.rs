@@ -912,6 +912,48 @@ fn a_page_declared_overwritten_is_not_renewed_when_served() {
 }
 
 #[test]
+fn a_node_waiting_in_a_view_serves_its_writable_pages_without_freezing_them() {
+    let mut net = Net::new(3);
+    net.write(0, 1, 0, 1);
+    net.write(0, 3, 0, 4);
+    net.write(2, 2, 0, 2);
+    net.barrier();
+    // Node 1 asks node 0 for page `p`, which node 0 wrote and which is still writable; returns
+    // the protection changes the serve made at node 0.
+    let serve = |net: &mut Net, p: PageIdx| {
+        net.nodes[1].handle_fault(p, false).unwrap();
+        let (to, ask) = net.nodes[1].poll_transmit().expect("node 1's request");
+        assert_eq!(to, NodeId(0));
+        let changes = net.nodes[0].mem().protection_changes(p);
+        net.nodes[0].handle_message(NodeId(1), ask).unwrap();
+        net.settle();
+        assert_eq!(net.done(1), Some(AppDone::FaultResolved(p)));
+        assert_eq!(net.nodes[0].mem().access(p), Access::ReadWrite, "renewed");
+        net.nodes[0].mem().protection_changes(p) - changes
+    };
+    // Node 0 waits in a view of page 2 (its request to node 2 held back), so its application
+    // cannot write: page 1's twin is cut and renewed in place.
+    net.nodes[0].request_validate(&[PageIdx(2)], false).unwrap();
+    let (to, held) = net.nodes[0].poll_transmit().expect("node 0's request");
+    assert_eq!((to, held.kind()), (NodeId(2), MsgKind::DiffRequest));
+    assert_eq!(serve(&mut net, PageIdx(1)), 0, "no freeze while the application waits");
+    assert_eq!(net.nodes[1].mem().app_read(PageIdx(1))[0], 1);
+    net.nodes[2].handle_message(NodeId(0), held).unwrap();
+    net.settle();
+    assert_eq!(net.done(0), Some(AppDone::Validated));
+    assert_eq!(net.read(0, 2, 0), 2);
+    // Served while node 0's application runs: frozen, then made writable again.
+    assert_eq!(serve(&mut net, PageIdx(3)), 2, "a freeze and its undoing");
+    assert_eq!(net.nodes[1].mem().app_read(PageIdx(3))[0], 4);
+    // The twin renewed in place holds what was served: the next diff brings the next change.
+    net.write(0, 1, 1, 3);
+    net.barrier();
+    assert_eq!((net.read(1, 1, 0), net.read(1, 1, 1)), (1, 3));
+    // Renewed at both serves, and at the barrier's push of page 1 to node 1.
+    assert_eq!(net.nodes[0].stats().twins_renewed, 3);
+}
+
+#[test]
 fn the_manager_applies_many_notices_of_a_release_after_sending_it() {
     let pages = super::barrier::DEFER_NOTICES_MIN as u32;
     let mut net = Net::with_pages(2, pages + 1);
