@@ -63,8 +63,10 @@ impl HeapPages {
         let old: Vec<u8> = (first.0..first.0 + count).map(|p| state::acquire_busy(heap.state(p))).collect();
         AtomicCounters::bump(&heap.counters.protect_calls);
         // userfaultfd: one change per sub-run of equal old state (the operation depends on it;
-        // runs are almost always homogeneous). mprotect: one call for the whole run.
-        let split = heap.backend() == FaultBackend::Uffd;
+        // runs are almost always homogeneous), but for invalidation, which drops the entries of
+        // the whole run at once whatever they were (pages invalid already have none; the
+        // protocol invalidates runs that go on across them). mprotect: one call for the run.
+        let split = heap.backend() == FaultBackend::Uffd && new != state::INVALID;
         let mut i = 0usize;
         while i < old.len() {
             let mut j = i + 1;
@@ -72,7 +74,14 @@ impl HeapPages {
                 j += 1;
             }
             let sub_first = first.0 + i as u32;
-            if let Err((op, errno)) = heap.change_run(sub_first, (j - i) as u32, old[i], new) {
+            // The operation follows the old state; an invalidation's, any page's but an invalid
+            // one (whose change alone would be none).
+            let from = if new == state::INVALID {
+                old[i..j].iter().copied().find(|&s| s != state::INVALID).unwrap_or(state::INVALID)
+            } else {
+                old[i]
+            };
+            if let Err((op, errno)) = heap.change_run(sub_first, (j - i) as u32, from, new) {
                 // Put the states back so the application thread does not spin on BUSY forever.
                 for (k, s) in old.iter().enumerate() {
                     heap.state(first.0 + k as u32).store(*s, Ordering::Release);

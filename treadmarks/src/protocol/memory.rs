@@ -94,6 +94,8 @@ pub struct VecMemory {
     /// How many protection changes ([`PageMemory::set_access`], [`PageMemory::freeze`]) each page
     /// has had.
     changes: Vec<u32>,
+    /// Calls of [`PageMemory::set_access`] that took all access.
+    invalidating_calls: u32,
 }
 
 impl VecMemory {
@@ -106,7 +108,13 @@ impl VecMemory {
             access: vec![access; npages as usize],
             backed: vec![0; npages as usize],
             changes: vec![0; npages as usize],
+            invalidating_calls: 0,
         }
+    }
+
+    /// How many calls of [`PageMemory::set_access`] took all access from their run of pages.
+    pub fn invalidating_calls(&self) -> u32 {
+        self.invalidating_calls
     }
 
     /// How many protection changes page `p` has had: calls of [`PageMemory::set_access`] or
@@ -148,6 +156,7 @@ impl PageMemory for VecMemory {
     }
 
     fn set_access(&mut self, first: PageIdx, count: u32, access: Access) {
+        self.invalidating_calls += u32::from(access == Access::None);
         let pages = first.idx()..first.idx() + count as usize;
         for (a, c) in self.access[pages.clone()].iter_mut().zip(&mut self.changes[pages]) {
             *c += u32::from(*a != access);

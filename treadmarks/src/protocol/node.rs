@@ -82,6 +82,10 @@ pub(crate) enum Pending {
     Ping(NodeId),
 }
 
+/// Most pages, invalid already, that a run of pages being invalidated goes on across
+/// ([`Node::set_access_in_runs`]).
+pub(crate) const INVALID_BRIDGE_PAGES: u32 = 16;
+
 /// One node's protocol state machine.
 #[derive(Debug)]
 pub struct Node<M> {
@@ -596,9 +600,35 @@ impl<M: PageMemory> Node<M> {
         self.set_access_in_runs(valid, Access::None);
     }
 
-    /// Sets the protection of `pages` (ascending), one call per run of consecutive pages.
+    /// Sets the protection of `pages` (ascending), one call per run of consecutive pages. Taking
+    /// all access, a run goes on across up to [`INVALID_BRIDGE_PAGES`] pages that are invalid
+    /// already (for which the call changes nothing), so that pages invalidated in a comb (fft's
+    /// two-page column blocks of the other node's rows, whose pages in between this node never
+    /// read) cost one call, not one per tooth.
     pub(crate) fn set_access_in_runs(&mut self, pages: impl IntoIterator<Item = PageIdx>, access: Access) {
-        self.in_runs(pages, |mem, first, count| mem.set_access(first, count, access));
+        if access != Access::None {
+            return self.in_runs(pages, |mem, first, count| mem.set_access(first, count, access));
+        }
+        let mut run: Option<(PageIdx, u32)> = None;
+        for p in pages {
+            run = match run {
+                Some((first, count)) if first.0 + count == p.0 => Some((first, count + 1)),
+                Some((first, count))
+                    if p.0 - (first.0 + count) <= INVALID_BRIDGE_PAGES
+                        && (first.0 + count..p.0).all(|q| self.mem.access(PageIdx(q)) == Access::None) =>
+                {
+                    Some((first, p.0 - first.0 + 1))
+                }
+                Some((first, count)) => {
+                    self.mem.set_access(first, count, access);
+                    Some((p, 1))
+                }
+                None => Some((p, 1)),
+            };
+        }
+        if let Some((first, count)) = run {
+            self.mem.set_access(first, count, access);
+        }
     }
 
     /// [`PageMemory::freeze`] on `pages` (ascending), one call per run of consecutive pages.

@@ -954,6 +954,33 @@ fn a_node_waiting_in_a_view_serves_its_writable_pages_without_freezing_them() {
 }
 
 #[test]
+fn pages_invalidated_around_an_invalid_one_take_one_call() {
+    let mut net = Net::with_pages(2, 8);
+    for p in [1, 2, 3, 6] {
+        net.write(1, p, 0, 1);
+    }
+    net.barrier();
+    // Node 0 reads pages 1, 3 and 6 again; page 2 stays invalid.
+    for p in [1, 3, 6] {
+        assert_eq!(net.read(0, p, 0), 1);
+    }
+    for p in [1, 2, 3, 6] {
+        net.write(1, p, 0, 2);
+    }
+    let calls = net.nodes[0].mem().invalidating_calls();
+    let unchanged = net.nodes[0].mem().protection_changes(PageIdx(2));
+    net.barrier();
+    // Pages 1 and 3 in one call that covers page 2 (already invalid: no change); page 6 alone.
+    assert_eq!(net.nodes[0].mem().invalidating_calls() - calls, 2);
+    assert_eq!(net.nodes[0].mem().protection_changes(PageIdx(2)), unchanged);
+    for p in [1, 2, 3, 6] {
+        assert_eq!(net.nodes[0].mem().access(PageIdx(p)), Access::None, "page {p}");
+        assert_eq!(net.read(0, p, 0), 2);
+    }
+    assert_eq!(net.nodes[0].mem().access(PageIdx(4)), Access::Read, "page 4 untouched");
+}
+
+#[test]
 fn the_manager_applies_many_notices_of_a_release_after_sending_it() {
     let pages = super::barrier::DEFER_NOTICES_MIN as u32;
     let mut net = Net::with_pages(2, pages + 1);

@@ -100,6 +100,51 @@ fn the_first_twin_of_a_never_written_page_takes_no_copy() {
     assert_eq!(heap.counters().zero_twins, 0);
 }
 
+#[test]
+fn an_invalidation_runs_across_pages_invalid_already() {
+    invalidation_across_invalid_on(FaultBackend::Mprotect, 32);
+    if super::uffd_or_skip() {
+        invalidation_across_invalid_on(FaultBackend::Uffd, 33);
+    }
+}
+
+/// Whether this process's page table maps the page at `addr` (`/proc/self/pagemap`, bit 63).
+fn present(addr: usize) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open("/proc/self/pagemap").unwrap();
+    f.seek(SeekFrom::Start((addr / 4096 * 8) as u64)).unwrap();
+    let mut entry = [0u8; 8];
+    f.read_exact(&mut entry).unwrap();
+    u64::from_le_bytes(entry) >> 63 == 1
+}
+
+fn invalidation_across_invalid_on(backend: FaultBackend, slot: usize) {
+    let heap = Heap::map_with(layout(slot, 4), backend).unwrap();
+    let mut pages = HeapPages(heap.clone());
+    // Pages 0 and 2 valid and mapped; pages 1 and 3 invalid, page 1 with bytes of its own.
+    pages.set_access(PageIdx(0), 4, Access::None);
+    pages.page_mut(PageIdx(1))[0] = 5;
+    pages.set_access(PageIdx(0), 1, Access::Read);
+    pages.set_access(PageIdx(2), 1, Access::Read);
+    let addr = |p: usize| heap.app_base() as usize + p * 4096;
+    if backend == FaultBackend::Uffd {
+        assert!(present(addr(0)) && present(addr(2)) && !present(addr(1)));
+    }
+    // One call over pages 1-3, which starts and ends on pages invalid already.
+    let calls = heap.counters().protect_calls;
+    pages.set_access(PageIdx(1), 3, Access::None);
+    assert_eq!(heap.counters().protect_calls - calls, 1);
+    for p in 1..4 {
+        assert_eq!(pages.access(PageIdx(p)), Access::None, "page {p}");
+    }
+    assert_eq!(pages.access(PageIdx(0)), Access::Read);
+    if backend == FaultBackend::Uffd {
+        assert!(!present(addr(2)), "the valid page inside the run lost its entry");
+        assert!(present(addr(0)), "the page before the run kept its entry");
+    }
+    assert_eq!(pages.page_mut(PageIdx(1))[0], 5, "bytes kept");
+}
+
 fn panic_message(r: Result<(), Box<dyn std::any::Any + Send>>) -> String {
     let payload = r.expect_err("should have panicked");
     payload
