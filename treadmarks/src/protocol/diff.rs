@@ -693,16 +693,10 @@ mod tests {
                 }
             }
         };
-        let mut emit = |out: &mut Vec<u8>, mut start: usize, mut end: usize| {
-            while start < end && masks[start] == 0 {
-                start += 1;
-            }
-            while end > start && masks[end - 1] == 0 {
-                end -= 1;
-            }
-            if start == end {
-                return;
-            }
+        let mut emit = |out: &mut Vec<u8>, from: usize, to: usize| {
+            // Unchanged words at either end are left to the gaps.
+            let Some(start) = (from..to).find(|&w| masks[w] != 0) else { return };
+            let end = 1 + (start..to).rfind(|&w| masks[w] != 0).expect("start is changed");
             let masked = masks[start..end].iter().any(|&m| m != 0xff);
             let changed: usize = masks[start..end].iter().map(|m| m.count_ones() as usize).sum();
             let packed = masked
