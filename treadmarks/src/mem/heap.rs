@@ -109,8 +109,8 @@ pub struct Heap {
     /// writes a page (`HeapPages::page_mut*`) and when a page is first twinned (the application
     /// may write it from then on). The only other writer of a page is the application, and in a
     /// protected heap it writes only twinned pages; in an unprotected one, every page counts as
-    /// written from the start. Set with `Relaxed`: the page's state word,
-    /// which every maker of a twin acquires after the writer released it, orders it.
+    /// written from the start. Set with `Relaxed`: the page's state word, which every maker of a
+    /// twin acquires after the writer released it, orders it.
     written: Box<[AtomicBool]>,
     pub(super) states: Box<[AtomicU8]>,
     pub(super) ring: TwinRing,

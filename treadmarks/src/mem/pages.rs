@@ -195,8 +195,8 @@ impl PageMemory for HeapPages {
             s != state::INVALID,
             "HeapPages::page_while_blocked({p}): the page is invalid (bug in the caller)"
         );
-        // The caller guarantees the application thread is blocked inside a call into the runtime, so
-        // nothing writes the page meanwhile, writable or not (as in `same_as_twin`).
+        // The caller guarantees the application thread is blocked inside a call into the
+        // runtime, so nothing writes the page meanwhile, writable or not (as in `same_as_twin`).
         // SAFETY: one page of the runtime view, live while `self.0` is, not written meanwhile.
         unsafe { std::slice::from_raw_parts(self.0.runtime_page(i), self.0.page_size()) }
     }
@@ -210,17 +210,18 @@ impl PageMemory for HeapPages {
              read-only (bug in the caller)",
             state::name(s)
         );
-        // The caller guarantees the application thread is blocked inside a call into the runtime, so
-        // nothing reads the page meanwhile; it cannot write it (read-only), and the state stays
-        // READ_ONLY while this `&mut self` borrow lives. Only one `HeapPages` exists per heap.
+        // The caller guarantees the application thread is blocked inside a call into the
+        // runtime, so nothing reads the page meanwhile; it cannot write it (read-only), and the
+        // state stays READ_ONLY while this `&mut self` borrow lives. Only one `HeapPages` exists
+        // per heap.
         self.0.note_written(i);
         // SAFETY: one page of the runtime view, live while `self.0` is; nothing else aliases it.
         unsafe { std::slice::from_raw_parts_mut(self.0.runtime_page(i), self.0.page_size()) }
     }
 
     fn renew_twin_while_blocked(&mut self, p: PageIdx) {
-        // The caller guarantees the application thread is blocked inside a call into the runtime, so
-        // nobody writes the page, writable or not.
+        // The caller guarantees the application thread is blocked inside a call into the
+        // runtime, so nobody writes the page, writable or not.
         self.twin_unless(p, state::INVALID, || {
             format!("HeapPages::renew_twin_while_blocked({p}): the page is invalid (bug in the caller)")
         });

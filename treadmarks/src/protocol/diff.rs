@@ -677,22 +677,8 @@ mod tests {
     fn reference_encode(masks: &[u8], page: &[u8], pack: Option<bool>) -> Vec<u8> {
         let mut out = Vec::new();
         let mut prev_end = 0usize;
-        let bridge = match pack {
-            Some(all) => {
-                if all {
-                    BRIDGE_MAX_WORDS
-                } else {
-                    0
-                }
-            }
-            None => {
-                if crate::mem::pack::packs_cheaply() {
-                    BRIDGE_MAX_WORDS
-                } else {
-                    0
-                }
-            }
-        };
+        // A node that packs every partly changed run bridges short gaps; one that does not, not.
+        let bridge = if pack.unwrap_or_else(crate::mem::pack::packs_cheaply) { BRIDGE_MAX_WORDS } else { 0 };
         let mut emit = |out: &mut Vec<u8>, from: usize, to: usize| {
             // Unchanged words at either end are left to the gaps.
             let Some(start) = (from..to).find(|&w| masks[w] != 0) else { return };
