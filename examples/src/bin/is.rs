@@ -77,7 +77,8 @@ fn reduce_scan(rows: &[&[u32]], out: &mut [u32]) -> u32 {
     sum
 }
 
-/// Adds `offset` to every rank of a block.
+/// Adds `offset` to every rank of a block (the workers call it only with an offset: the first
+/// block, whose offset is always 0, skips the pass).
 fn add(ranks: &mut [u32], offset: u32) {
     for r in ranks {
         *r += offset;
@@ -144,7 +145,9 @@ fn threads(s: &Size, n: usize) -> (f64, Vec<u32>) {
                         // its own block of ranks (the next write of a total follows a barrier).
                         unsafe {
                             let offset = totals.slice(0..me).iter().sum();
-                            add(ranks.slice_mut(k0..k1), offset);
+                            if offset != 0 {
+                                add(ranks.slice_mut(k0..k1), offset);
+                            }
                         }
                     }
                 });
@@ -193,7 +196,9 @@ fn dsm(app: &mut App, s: &Size) -> treadmarks::Result<(f64, bool)> {
         }
         tmk.barrier(0)?;
         let offset = tmk.view(&totals.slice(0, me))?.iter().sum();
-        add(&mut tmk.view_mut(&my_ranks)?, offset);
+        if offset != 0 {
+            add(&mut tmk.view_mut(&my_ranks)?, offset);
+        }
     }
     tmk.barrier(0)?;
     let secs = t.secs();
