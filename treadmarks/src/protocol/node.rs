@@ -606,41 +606,33 @@ impl<M: PageMemory> Node<M> {
     /// two-page column blocks of the other node's rows, whose pages in between this node never
     /// read) cost one call, not one per tooth.
     pub(crate) fn set_access_in_runs(&mut self, pages: impl IntoIterator<Item = PageIdx>, access: Access) {
-        if access != Access::None {
-            return self.in_runs(pages, |mem, first, count| mem.set_access(first, count, access));
-        }
+        let bridge = if access == Access::None { INVALID_BRIDGE_PAGES } else { 0 };
+        self.in_runs(pages, bridge, |mem, first, count| mem.set_access(first, count, access));
+    }
+
+    /// [`PageMemory::freeze`] on `pages` (ascending), one call per run of consecutive pages.
+    pub(crate) fn freeze_in_runs(&mut self, pages: impl IntoIterator<Item = PageIdx>) {
+        self.in_runs(pages, 0, |mem, first, count| mem.freeze(first, count));
+    }
+
+    /// Calls `f` once per run of `pages` (ascending); a run goes on across gaps of up to `bridge`
+    /// pages that are all invalid.
+    fn in_runs(
+        &mut self,
+        pages: impl IntoIterator<Item = PageIdx>,
+        bridge: u32,
+        mut f: impl FnMut(&mut M, PageIdx, u32),
+    ) {
         let mut run: Option<(PageIdx, u32)> = None;
         for p in pages {
             run = match run {
                 Some((first, count)) if first.0 + count == p.0 => Some((first, count + 1)),
                 Some((first, count))
-                    if p.0 - (first.0 + count) <= INVALID_BRIDGE_PAGES
+                    if p.0.checked_sub(first.0 + count).is_some_and(|gap| gap <= bridge)
                         && (first.0 + count..p.0).all(|q| self.mem.access(PageIdx(q)) == Access::None) =>
                 {
                     Some((first, p.0 - first.0 + 1))
                 }
-                Some((first, count)) => {
-                    self.mem.set_access(first, count, access);
-                    Some((p, 1))
-                }
-                None => Some((p, 1)),
-            };
-        }
-        if let Some((first, count)) = run {
-            self.mem.set_access(first, count, access);
-        }
-    }
-
-    /// [`PageMemory::freeze`] on `pages` (ascending), one call per run of consecutive pages.
-    pub(crate) fn freeze_in_runs(&mut self, pages: impl IntoIterator<Item = PageIdx>) {
-        self.in_runs(pages, |mem, first, count| mem.freeze(first, count));
-    }
-
-    fn in_runs(&mut self, pages: impl IntoIterator<Item = PageIdx>, mut f: impl FnMut(&mut M, PageIdx, u32)) {
-        let mut run: Option<(PageIdx, u32)> = None;
-        for p in pages {
-            run = match run {
-                Some((first, count)) if first.0 + count == p.0 => Some((first, count + 1)),
                 Some((first, count)) => {
                     f(&mut self.mem, first, count);
                     Some((p, 1))
