@@ -77,8 +77,8 @@ fn reduce_scan(rows: &[&[u32]], out: &mut [u32]) -> u32 {
     sum
 }
 
-/// Adds `offset` to every rank of a block (the workers call it only with an offset: the first
-/// block, whose offset is always 0, skips the pass).
+/// Adds `offset` to every rank of a block. The workers call it only with a non-zero offset: the
+/// first block's is always 0, and it skips the pass.
 fn add(ranks: &mut [u32], offset: u32) {
     for r in ranks {
         *r += offset;
