@@ -170,7 +170,7 @@ mod uffd;
 mod view;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use backend::{FaultBackend, FaultsMode, MAP_COUNT_MARGIN, select_backend, uffd_support};
 pub use doorbell::{Doorbell, FaultKind};

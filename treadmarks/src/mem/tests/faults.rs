@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{layout, map, no_core_dumps, run_in_child, test_name, uffd_or_skip};
+use super::{layout, map, no_core_dumps, present, run_in_child, test_name, uffd_or_skip};
 use crate::mem::{Doorbell, FaultBackend, FaultHandler, FaultKind, Heap, HeapPages, MemError, probe};
 use crate::protocol::ids::PageIdx;
 use crate::protocol::memory::{Access, PageMemory};
@@ -173,6 +173,11 @@ fn backed_pages_exist_and_are_read_without_a_fault(backend: FaultBackend, test: 
         // uffd maps the valid pages not mapped yet; mprotect populates every valid one.
         assert_eq!(mapped, if backend == FaultBackend::Uffd { 6 } else { 7 });
         assert_eq!(heap.backed_bytes(), 8 * ps as u64, "every page of the range allocated");
+        // The runtime view maps them all too: applying a diff, making a twin or serving a page
+        // takes no fault on them.
+        for p in 0..8 {
+            assert!(present(heap.runtime_page(p) as usize), "page {p} not mapped in the runtime view");
+        }
         // Nothing allocates between the two counts (a fresh heap page would fault too).
         let mut read = [0u8; 7];
         fault_in_code();

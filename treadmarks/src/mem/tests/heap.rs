@@ -2,7 +2,7 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use super::{layout, test_base};
+use super::{layout, present, test_base};
 use crate::mem::{FaultBackend, Heap, HeapLayout, HeapPages, MemError, probe};
 use crate::protocol::ids::PageIdx;
 use crate::protocol::memory::{Access, PageMemory};
@@ -106,16 +106,6 @@ fn an_invalidation_runs_across_pages_invalid_already() {
     if super::uffd_or_skip() {
         invalidation_across_invalid_on(FaultBackend::Uffd, 33);
     }
-}
-
-/// Whether this process's page table maps the page at `addr` (`/proc/self/pagemap`, bit 63).
-fn present(addr: usize) -> bool {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut f = std::fs::File::open("/proc/self/pagemap").unwrap();
-    f.seek(SeekFrom::Start((addr / 4096 * 8) as u64)).unwrap();
-    let mut entry = [0u8; 8];
-    f.read_exact(&mut entry).unwrap();
-    u64::from_le_bytes(entry) >> 63 == 1
 }
 
 fn invalidation_across_invalid_on(backend: FaultBackend, slot: usize) {

@@ -147,3 +147,13 @@ pub(super) fn no_core_dumps() {
     // SAFETY: passes a valid, live rlimit struct.
     unsafe { libc::setrlimit(libc::RLIMIT_CORE, &zero) };
 }
+
+/// Whether this process's page table maps the page at `addr` (`/proc/self/pagemap`, bit 63).
+pub(crate) fn present(addr: usize) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open("/proc/self/pagemap").unwrap();
+    f.seek(SeekFrom::Start((addr / 4096 * 8) as u64)).unwrap();
+    let mut entry = [0u8; 8];
+    f.read_exact(&mut entry).unwrap();
+    u64::from_le_bytes(entry) >> 63 == 1
+}
