@@ -109,7 +109,7 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let p = &self.protocol;
         let sent = self.sent();
-        let fields: [(&str, f64); 44] = [
+        let fields: [(&str, f64); 45] = [
             ("node", f64::from(self.node.0)),
             ("nprocs", f64::from(self.nprocs)),
             ("msgs_sent", sent.msgs as f64),
@@ -120,6 +120,7 @@ impl Stats {
             ("twins_ahead", p.twins_ahead as f64),
             ("twins_renewed", p.twins_renewed as f64),
             ("renewals_skipped", p.renewals_skipped as f64),
+            ("renewals_unfrozen", p.renewals_unfrozen as f64),
             ("twin_slots_used", self.twin_slots_used as f64),
             ("twin_slots_reserved", self.twin_slots_reserved as f64),
             ("zero_twins", self.zero_twins as f64),
@@ -171,10 +172,11 @@ impl fmt::Display for Stats {
         )?;
         writeln!(
             f,
-            "  twins: {} ({} made ahead of writes, {} renewed, {} not renewed (declared overwritten), {} of never-written pages without a copy; {} pages twinned, {} twin slots backed at startup)   diffs created: {} ({} B; 2 MiB chunks {} mapped, {} of them reserved at startup, {} reused)   diffs applied: {} ({} B)",
+            "  twins: {} ({} made ahead of writes, {} renewed ({} from a snapshot, unfrozen), {} not renewed (declared overwritten), {} of never-written pages without a copy; {} pages twinned, {} twin slots backed at startup)   diffs created: {} ({} B; 2 MiB chunks {} mapped, {} of them reserved at startup, {} reused)   diffs applied: {} ({} B)",
             p.twins + p.fast_twins + p.twins_ahead,
             p.twins_ahead,
             p.twins_renewed,
+            p.renewals_unfrozen,
             p.renewals_skipped,
             self.zero_twins,
             self.twin_slots_used,

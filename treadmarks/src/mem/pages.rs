@@ -227,6 +227,51 @@ impl PageMemory for HeapPages {
         });
     }
 
+    fn snapshot(&self, p: PageIdx, out: &mut [u8]) {
+        let i = self.check(p);
+        let ps = self.0.page_size();
+        assert_eq!(out.len(), ps, "HeapPages::snapshot({p}): the copy must be a page long");
+        let s = state::load_stable(self.0.state(i));
+        assert!(
+            s == state::READ_WRITE,
+            "HeapPages::snapshot({p}): the application view of the page is {}, not writable (bug \
+             in the caller)",
+            state::name(s)
+        );
+        // The application may store to the page while we read it, so no reference to its bytes
+        // is made: each aligned word is read once with a volatile load (an x86-64 load of an
+        // aligned word is never torn), and a byte written meanwhile reads as its old or its new
+        // value, which is all the caller needs (see `PageMemory::snapshot`).
+        let words = self.0.runtime_page(i).cast::<u64>();
+        for (k, chunk) in out.chunks_exact_mut(8).enumerate() {
+            // SAFETY: word `k` of one page of the runtime view (`k < page_size / 8`), live while
+            // `self.0` is, and aligned (pages are); a volatile read of mapped memory.
+            let word = unsafe { words.add(k).read_volatile() };
+            chunk.copy_from_slice(&word.to_ne_bytes());
+        }
+    }
+
+    fn set_twin(&mut self, p: PageIdx, bytes: &[u8]) {
+        let i = self.check(p);
+        let heap = &*self.0;
+        assert_eq!(bytes.len(), heap.page_size(), "HeapPages::set_twin({p}): the twin must be a page long");
+        // Own the page's state, as every twin's maker does; a writable page takes no fault, so the
+        // handler never waits for it meanwhile.
+        let s = state::acquire_busy(heap.state(i));
+        if s != state::READ_WRITE {
+            heap.state(i).store(s, Ordering::Release);
+            panic!(
+                "HeapPages::set_twin({p}): the page is {}, not writable (bug in the caller)",
+                state::name(s)
+            );
+        }
+        // SAFETY: the page is writable, so it has a twin slot, which only the maker of a twin
+        // writes: the handler twins only pages that fault, and we own the state. The slot is a
+        // page long, in the twin area, and does not overlap `bytes` (a copy outside the heap).
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), heap.twin_page(i), bytes.len()) };
+        heap.state(i).store(s, Ordering::Release);
+    }
+
     fn back(&mut self, first: PageIdx, count: u32) -> u32 {
         let heap = &*self.0;
         let end = u64::from(first.0) + u64::from(count);

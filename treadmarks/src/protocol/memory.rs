@@ -16,6 +16,13 @@
 //! - [`PageMemory::page_mut`] writes them: only while the application has no access (`None`).
 //!   The application thread is then either inside a synchronization call or blocked in a fault on
 //!   that very page, so it cannot observe a half-applied diff.
+//! - The one read of a page the application may be writing at the same time is
+//!   [`PageMemory::snapshot`] of a `ReadWrite` page, whose copy then becomes the page's twin
+//!   ([`PageMemory::set_twin`]): every byte is read once, so each byte of the copy is a value
+//!   the byte held during the copy, and the next diff (page against that twin) holds every
+//!   byte written since it was read. No write is lost, and none is needed by whoever gets a diff
+//!   cut from the copy: a data-race-free program writes those bytes concurrently only in an
+//!   interval the requester has not synchronized with.
 
 use super::ids::PageIdx;
 
@@ -75,6 +82,12 @@ pub trait PageMemory {
     /// Copies valid page `p`, `ReadWrite` included, into its twin slot, under the contract of
     /// [`PageMemory::page_while_blocked`].
     fn renew_twin_while_blocked(&mut self, p: PageIdx);
+    /// Copies the bytes of `ReadWrite` page `p` into `out` (a page long) while the application
+    /// may be writing the page: every byte is read once (see the module docs).
+    fn snapshot(&self, p: PageIdx, out: &mut [u8]);
+    /// Replaces the twin of `ReadWrite` page `p` with `bytes` (a page long): a
+    /// [`PageMemory::snapshot`] of the page, taken since the page was last made writable.
+    fn set_twin(&mut self, p: PageIdx, bytes: &[u8]);
     /// The bytes of read-only page `p`, writable, while the application thread is inside a
     /// synchronization call (so that nothing reads the page meanwhile): the page is brought up to
     /// date where it stands, without revoking and restoring the application's access.
@@ -203,6 +216,17 @@ impl PageMemory for VecMemory {
         assert_ne!(self.access[p.idx()], Access::None, "twin of invalid {p} renewed");
         let copy = self.pages[p.idx()].clone();
         self.twins[p.idx()] = Some(copy);
+    }
+
+    fn snapshot(&self, p: PageIdx, out: &mut [u8]) {
+        assert_eq!(self.access[p.idx()], Access::ReadWrite, "snapshot of {p}, not writable");
+        out.copy_from_slice(&self.pages[p.idx()]);
+    }
+
+    fn set_twin(&mut self, p: PageIdx, bytes: &[u8]) {
+        assert_eq!(self.access[p.idx()], Access::ReadWrite, "twin of {p} set, not writable");
+        let twin = self.twins[p.idx()].as_mut().expect("twin set before make_twin");
+        twin.copy_from_slice(bytes);
     }
 
     fn page_mut_while_blocked(&mut self, p: PageIdx) -> &mut [u8] {

@@ -102,6 +102,8 @@ pub struct Node<M> {
     /// or have lost that twin since): closing the interval looks at these, not at every
     /// twinned page (SOR keeps a thousand pages twinned and twins a handful per interval).
     pub(crate) opened_twins: Vec<PageIdx>,
+    /// A page's worth of scratch for [`PageMemory::snapshot`] (`Node::cut_diff`).
+    pub(crate) snapshot: Vec<u8>,
     pub(crate) diff_seq: u64,
     pub(crate) locks: Vec<LockState>,
     /// Locks held at some point during the open interval.
@@ -165,6 +167,7 @@ impl<M: PageMemory> Node<M> {
             pages: vec![PageMeta::default(); npages],
             twinned: BTreeSet::new(),
             opened_twins: Vec::new(),
+            snapshot: Vec::new(),
             diff_seq: 0,
             locks,
             interval_locks: Vec::new(),

@@ -80,6 +80,19 @@ fn ramped<T>(mut items: &[T]) -> impl Iterator<Item = &[T]> {
     })
 }
 
+/// How [`Node::cut_diff`] reads a page whose twin it cuts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cut {
+    /// Nothing can write the page: it is invalid or frozen.
+    Revoked,
+    /// The application thread waits inside a call into the runtime, so nothing writes the
+    /// page, writable or not ([`Node::app_blocked`]).
+    Blocked,
+    /// The application may be writing the page, which is writable and whose twin is renewed:
+    /// the diff is cut from a [`PageMemory::snapshot`], which becomes the twin.
+    Running,
+}
+
 /// `pages` sorted, each once (for membership tests by bisection).
 fn sorted(pages: &[PageIdx]) -> Vec<PageIdx> {
     let mut v = pages.to_vec();
@@ -229,34 +242,50 @@ impl<M: PageMemory> Node<M> {
     /// [`Node::cut_twin`] on a page already invalid or frozen (`Access::None`), leaving its final
     /// protection to the caller, which may set many pages' in runs: returns it.
     pub(crate) fn cut_revoked(&mut self, p: PageIdx, then: Access, was_writable: bool) -> Access {
-        self.cut_diff(p, then, was_writable, false)
+        self.cut_diff(p, then, was_writable, Cut::Revoked)
     }
 
-    /// [`Node::cut_revoked`], or, with `blocked` (the application thread is inside a
-    /// synchronization call, so nothing writes the page), the same on a page still writable,
-    /// whose twin and bytes are then read without revoking write access first. Returns the
-    /// page's final protection.
-    fn cut_diff(&mut self, p: PageIdx, then: Access, was_writable: bool, blocked: bool) -> Access {
-        let Some(first) = self.pages[p.idx()].twin.take() else { return then };
+    /// Whether cutting the twin of page `p`, made in interval `first`, for protection `then`
+    /// renews it (see [`Node::cut_twin`]): the page is being served (`then` is `Read`), was
+    /// writable and twinned in the latest closed interval or the open one (`recent`), and was
+    /// not declared overwritten. Returns (`recent`, renewed).
+    fn renewal(&self, p: PageIdx, first: IntervalIdx, then: Access, was_writable: bool) -> (bool, bool) {
         let recent = then == Access::Read && was_writable && first >= self.vt.get(self.me);
-        let hot = recent && !self.pages[p.idx()].whole;
+        (recent, recent && !self.pages[p.idx()].whole)
+    }
+
+    /// [`Node::cut_revoked`], or the same on a page still writable (see [`Cut`]). Returns the
+    /// page's final protection.
+    fn cut_diff(&mut self, p: PageIdx, then: Access, was_writable: bool, how: Cut) -> Access {
+        let Some(first) = self.pages[p.idx()].twin.take() else { return then };
+        let (recent, hot) = self.renewal(p, first, then, was_writable);
         if recent && !hot {
             self.stats.renewals_skipped += 1;
         }
         self.pages[p.idx()].renewed = false;
         self.twinned.remove(&p);
-        let writable = blocked && self.mem.access(p) == Access::ReadWrite;
-        let page = if writable { self.mem.page_while_blocked(p) } else { self.mem.page(p) };
-        let diff = if std::mem::take(&mut self.pages[p.idx()].whole) {
-            Diff::whole(page)
+        let writable = how != Cut::Revoked && self.mem.access(p) == Access::ReadWrite;
+        let whole = std::mem::take(&mut self.pages[p.idx()].whole);
+        let diff = if how == Cut::Running {
+            assert!(hot && writable, "{p}: cut while the application runs, but not renewed");
+            // Diffed against a snapshot, which becomes the twin: the page stays writable.
+            let mut snap = std::mem::take(&mut self.snapshot);
+            snap.resize(self.mem.page_size(), 0);
+            self.mem.snapshot(p, &mut snap);
+            let diff = Diff::make(self.mem.twin(p), &snap);
+            self.mem.set_twin(p, &snap);
+            self.snapshot = snap;
+            self.stats.renewals_unfrozen += 1;
+            diff
         } else {
-            Diff::make(self.mem.twin(p), page)
+            let page = if writable { self.mem.page_while_blocked(p) } else { self.mem.page(p) };
+            if whole { Diff::whole(page) } else { Diff::make(self.mem.twin(p), page) }
         };
         let end = if hot {
-            if writable {
-                self.mem.renew_twin_while_blocked(p);
-            } else {
-                self.mem.make_twin(p);
+            match how {
+                Cut::Running => {}
+                _ if writable => self.mem.renew_twin_while_blocked(p),
+                _ => self.mem.make_twin(p),
             }
             self.pages[p.idx()].twin = Some(self.open_interval());
             self.pages[p.idx()].renewed = true;
@@ -300,6 +329,11 @@ impl<M: PageMemory> Node<M> {
     /// leave their entries read-only and the next sweep's first writes faulting
     /// (`Heap::make_writable`). In fft's transposes, where each node serves the other's requests
     /// while it waits in its own view, the two cost ~1 µs a page (0.0512 → 0.0457 s).
+    ///
+    /// While the application runs, a writable page whose twin is renewed is not frozen either:
+    /// its diff is cut from a snapshot, which becomes its twin ([`PageMemory::snapshot`]; the
+    /// docs of the `memory` module say why no write is lost). Only the pages whose twins are
+    /// dropped are frozen, and they stay write-protected.
     pub(crate) fn serve_diff_request(&mut self, asks: &[DiffAsk], blocked: bool) -> Vec<PageDiffs> {
         let closed = self.vt.get(self.me);
         let mut cut: Vec<(PageIdx, bool)> = asks
@@ -309,15 +343,26 @@ impl<M: PageMemory> Node<M> {
             .collect();
         cut.sort_unstable();
         cut.dedup_by_key(|c| c.0);
-        if !blocked {
-            let revoke: Vec<PageIdx> =
-                cut.iter().map(|c| c.0).filter(|&p| self.mem.access(p) != Access::None).collect();
-            self.freeze_in_runs(revoke);
-        }
+        let cut: Vec<(PageIdx, bool, Cut)> = cut
+            .into_iter()
+            .map(|(p, was_writable)| {
+                let how = match self.pages[p.idx()].twin {
+                    _ if blocked => Cut::Blocked,
+                    Some(first) if self.renewal(p, first, Access::Read, was_writable).1 => Cut::Running,
+                    _ => Cut::Revoked,
+                };
+                (p, was_writable, how)
+            })
+            .collect();
+        let revoke: Vec<PageIdx> = (cut.iter())
+            .filter(|c| c.2 == Cut::Revoked && self.mem.access(c.0) != Access::None)
+            .map(|c| c.0)
+            .collect();
+        self.freeze_in_runs(revoke);
         let (mut writable, mut readable) = (Vec::new(), Vec::new());
-        for (p, was_writable) in cut {
-            match self.cut_diff(p, Access::Read, was_writable, blocked) {
-                Access::ReadWrite if blocked && was_writable => {}
+        for (p, was_writable, how) in cut {
+            match self.cut_diff(p, Access::Read, was_writable, how) {
+                Access::ReadWrite if how != Cut::Revoked && was_writable => {}
                 Access::ReadWrite => writable.push(p),
                 _ => readable.push(p),
             }

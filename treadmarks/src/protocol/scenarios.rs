@@ -912,7 +912,7 @@ fn a_page_declared_overwritten_is_not_renewed_when_served() {
 }
 
 #[test]
-fn a_node_waiting_in_a_view_serves_its_writable_pages_without_freezing_them() {
+fn pages_served_with_their_twins_renewed_are_never_frozen() {
     let mut net = Net::new(3);
     net.write(0, 1, 0, 1);
     net.write(0, 3, 0, 4);
@@ -942,15 +942,22 @@ fn a_node_waiting_in_a_view_serves_its_writable_pages_without_freezing_them() {
     net.settle();
     assert_eq!(net.done(0), Some(AppDone::Validated));
     assert_eq!(net.read(0, 2, 0), 2);
-    // Served while node 0's application runs: frozen, then made writable again.
-    assert_eq!(serve(&mut net, PageIdx(3)), 2, "a freeze and its undoing");
+    // Served while node 0's application runs: cut from a snapshot, which becomes the twin;
+    // the page is never frozen.
+    assert_eq!(serve(&mut net, PageIdx(3)), 0, "no freeze for a page whose twin is renewed");
     assert_eq!(net.nodes[1].mem().app_read(PageIdx(3))[0], 4);
-    // The twin renewed in place holds what was served: the next diff brings the next change.
+    assert_eq!(net.nodes[0].stats().renewals_unfrozen, 1);
+    // The twins renewed hold what was served: the next diffs bring the next changes, written
+    // without a fault.
+    let faults = net.nodes[0].stats().write_faults;
     net.write(0, 1, 1, 3);
+    net.write(0, 3, 1, 5);
+    assert_eq!(net.nodes[0].stats().write_faults, faults);
     net.barrier();
     assert_eq!((net.read(1, 1, 0), net.read(1, 1, 1)), (1, 3));
-    // Renewed at both serves, and at the barrier's push of page 1 to node 1.
-    assert_eq!(net.nodes[0].stats().twins_renewed, 3);
+    assert_eq!((net.read(1, 3, 0), net.read(1, 3, 1)), (4, 5));
+    // Renewed at both serves, and at the barrier's pushes of both pages to node 1.
+    assert_eq!(net.nodes[0].stats().twins_renewed, 4);
 }
 
 #[test]

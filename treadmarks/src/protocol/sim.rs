@@ -583,6 +583,7 @@ fn random_data_race_free_programs_read_sequentially_consistent_values() {
         "{totals:?}"
     );
     assert!(totals.pages_overwritten > 100 && totals.diffs_superseded > 10, "{totals:?}");
+    assert!(totals.twins_renewed > 1000 && totals.renewals_unfrozen > 500, "{totals:?}");
 }
 
 #[test]

@@ -14,6 +14,9 @@ pub struct ProtocolStats {
     /// Twins of recently written pages dropped, not renewed, when a diff was served: the pages
     /// were declared overwritten (outputs; see `Node::cut_twin`).
     pub renewals_skipped: u64,
+    /// Twins renewed while the application ran, from a snapshot of the still writable page
+    /// instead of freezing it (`Node::serve_diff_request`; part of `twins_renewed`).
+    pub renewals_unfrozen: u64,
     /// Twins made ahead of writes for a mutable view (no fault on its first write).
     pub twins_ahead: u64,
     /// Twins made by the fault handler's fast path (reported through `handle_twin_made`).
@@ -85,6 +88,7 @@ impl std::ops::AddAssign<&ProtocolStats> for ProtocolStats {
         self.twins += o.twins;
         self.twins_renewed += o.twins_renewed;
         self.renewals_skipped += o.renewals_skipped;
+        self.renewals_unfrozen += o.renewals_unfrozen;
         self.twins_ahead += o.twins_ahead;
         self.fast_twins += o.fast_twins;
         self.diffs_created += o.diffs_created;

@@ -357,3 +357,60 @@ fn twins_take_slots_in_the_order_pages_are_first_twinned_and_the_reserve_is_back
     })));
     assert!(msg.contains("page 5 was never twinned"), "{msg}");
 }
+
+#[test]
+fn a_snapshot_taken_while_the_page_is_written_holds_whole_words_and_becomes_its_twin() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let heap = Heap::map_with(layout(43, 2), FaultBackend::Mprotect).unwrap();
+    let mut pages = HeapPages(heap.clone());
+    pages.make_twin(PageIdx(0));
+    pages.set_access(PageIdx(0), 1, Access::ReadWrite);
+    let words = heap.page_size() / 8;
+    let page = heap.app_base() as usize;
+    let stop = Arc::new(AtomicBool::new(false));
+    let rounds = Arc::new(AtomicU64::new(0));
+    // A writer stores words whose eight bytes are equal, a new value each sweep, so that a word
+    // read torn would show two different bytes.
+    let writer = std::thread::spawn({
+        let (stop, rounds) = (stop.clone(), rounds.clone());
+        move || {
+            while !stop.load(Ordering::Relaxed) {
+                let round = rounds.load(Ordering::Relaxed) + 1;
+                for k in 0..words {
+                    let value = (round + k as u64) % 255 * 0x0101_0101_0101_0101;
+                    // SAFETY: word `k` of page 0 of the application view, which is writable.
+                    unsafe { std::ptr::write_volatile((page as *mut u64).add(k), value) };
+                }
+                rounds.store(round, Ordering::Relaxed);
+            }
+        }
+    });
+    // Snapshots until the writer has swept the page a few times meanwhile (bounded wait).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let start = rounds.load(Ordering::Relaxed);
+    let mut snap = vec![0u8; heap.page_size()];
+    let mut taken = 0;
+    while taken < 100 || rounds.load(Ordering::Relaxed) < start + 3 {
+        assert!(std::time::Instant::now() < deadline, "the writer made no progress in 20 s");
+        pages.snapshot(PageIdx(0), &mut snap);
+        taken += 1;
+        for word in snap.chunks_exact(8) {
+            assert!(word.iter().all(|&b| b == word[0]), "a torn word: {word:?}");
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+    // With the writer gone, a snapshot set as the twin equals the page; a later write does not.
+    pages.snapshot(PageIdx(0), &mut snap);
+    pages.set_twin(PageIdx(0), &snap);
+    assert!(pages.same_as_twin(PageIdx(0)));
+    assert_eq!(pages.twin(PageIdx(0)), &snap[..]);
+    // SAFETY: inside page 0 of the application view, which is writable.
+    unsafe { std::ptr::write_volatile((page as *mut u8).add(100), !snap[100]) };
+    assert!(!pages.same_as_twin(PageIdx(0)));
+    // Only a writable page has a snapshot taken or its twin set.
+    pages.set_access(PageIdx(0), 1, Access::Read);
+    let refused = catch_unwind(AssertUnwindSafe(|| pages.set_twin(PageIdx(0), &snap)));
+    assert!(refused.is_err(), "set_twin of a read-only page");
+}
