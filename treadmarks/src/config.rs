@@ -16,7 +16,7 @@
 //! | heap pages allocated so far backed with memory ahead of their first touch (the valid ones mapped, too): node 0 in its own allocations, the others when a distributed value comes, everybody at barriers | `TMK_BACK_HEAP=0` turns it off | | on |
 //! | diff memory backed at startup (multi-node jobs) | `TMK_DIFF_RESERVE` (`16MiB`, bytes; 0 turns it off) | | the collection threshold plus one 2 MiB chunk, at most 64 MiB |
 //! | twin memory backed at startup (multi-node jobs): the twins of the first pages twinned | `TMK_TWIN_RESERVE` (bytes; 0 turns it off) | | 32 MiB, at most the heap |
-//! | most lock tokens a grant passes along unasked (locks the acquirer took after this one last time, or the ids after it; the granter keeps those it expects to take no later than the acquirer) | `TMK_LOCK_BUNDLE` (0 turns it off) | | 128 |
+//! | most lock tokens a grant passes along unasked (locks the acquirer took after this one last time, or the ids after it; the granter keeps those it expects to take no later than the acquirer) | `TMK_LOCK_BUNDLE` (0 turns it off) | | 256 |
 //! | pin each node (its application and service threads) to one CPU, node `r` to the `r`-th allowed CPU modulo their number | `TMK_PIN=1` / `TMK_PIN=0` | | on in a job started with `-n N` on one machine, off for nodes that join with `TMK_RANK` |
 //! | real-time (`SCHED_FIFO`) service thread, so it preempts its own application thread at once (needs privilege; ignored without) | `TMK_SERVICE_RT=1` / `TMK_SERVICE_RT=0` | | as pinning |
 //! | how long the service thread polls its sockets, instead of sleeping, while the application waits for an answer | `TMK_SERVICE_SPIN_US` (µs) | | 1000 when pinned with a CPU to each node of the job, else 0 |
@@ -88,11 +88,14 @@ pub struct Config {
     pub service_spin: Option<Duration>,
 }
 
-/// Most lock tokens a grant passes along unasked, by default. Water's 512 locks a step cost 2-4
-/// round trips a node instead of 512 (16 at 32), and a wish of 128 lock ids adds ~256 bytes to a
-/// request. Water at 2 nodes, alternated medians: 0.0874 s at 32, 0.0849 s at 128 (11 runs),
-/// 0.0845 against 0.0853 s at 256 (9 runs).
-pub const DEFAULT_LOCK_BUNDLE: usize = 128;
+/// Most lock tokens a grant passes along unasked, by default. Water's 512 locks a step cost 2
+/// round trips a node instead of 512 (16 at 32, 4 at 128): each node walks them in two halves of
+/// 256, and a grant now carries a whole half. A wish of 256 lock ids adds ~512 bytes to a
+/// request. Water, alternated medians: at 2 nodes 0.0874 s at 32, 0.0849 s at 128 (11 runs,
+/// an early version); then, once a remote acquire cost mostly the wake-up of the granter's
+/// service thread, 0.0732 s at 128, 0.0706 s at 256 (15 runs), 0.0703 against 0.0711 s at 512;
+/// at 4 nodes 0.69-0.71 s at 128, 0.63-0.66 s at 256 (5 runs each).
+pub const DEFAULT_LOCK_BUNDLE: usize = 256;
 
 /// Consistency data (interval records, diffs, writer tables) past which a barrier collects, by
 /// default. Collecting costs ~1 ms a time at 2 nodes and frees the diffs' memory for reuse
