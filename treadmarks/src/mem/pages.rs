@@ -239,9 +239,9 @@ impl PageMemory for HeapPages {
             state::name(s)
         );
         // The application may store to the page while we read it, so no reference to its bytes
-        // is made: each aligned word is read once with a volatile load (an x86-64 load of an
-        // aligned word is never torn), and a byte written meanwhile reads as its old or its new
-        // value, which is all the caller needs (see `PageMemory::snapshot`).
+        // is made: each aligned word is read once with a volatile load (on x86-64 and aarch64
+        // an aligned word's load is never torn), and a byte written meanwhile reads as its old
+        // or its new value, which is all the caller needs (see `PageMemory::snapshot`).
         let words = self.0.runtime_page(i).cast::<u64>();
         for (k, chunk) in out.chunks_exact_mut(8).enumerate() {
             // SAFETY: word `k` of one page of the runtime view (`k < page_size / 8`), live while
