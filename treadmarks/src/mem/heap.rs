@@ -451,13 +451,12 @@ impl Heap {
             return 0;
         }
         let ps = self.page_size;
+        // Best effort: on failure the runtime's first touch of each page maps it, as before.
+        let (runtime, len) = (self.runtime_page(first).cast(), count as usize * ps);
         // SAFETY: the range lies inside the runtime view this heap maps (`first + count` is at
         // most `npages`: `ensure_allocated` indexed `allocated` with it); populating a shared
         // file mapping for writing maps the memfd pages just allocated and changes no byte.
-        // Best effort: on failure the runtime's first touch of each page maps it, as before.
-        unsafe {
-            libc::madvise(self.runtime_page(first).cast(), count as usize * ps, libc::MADV_POPULATE_WRITE)
-        };
+        unsafe { libc::madvise(runtime, len, libc::MADV_POPULATE_WRITE) };
         let mut mapped = 0;
         let mut i = 0usize;
         while i < states.len() {
