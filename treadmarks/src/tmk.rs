@@ -276,10 +276,13 @@ impl Tmk {
 
     /// Acquires lock `id` (TreadMarks' `Tmk_lock_acquire`).
     pub fn lock_acquire(&mut self, id: u32) -> Result<()> {
-        let t = Instant::now();
-        let r = self.done(Command::Acquire(LockId(id)));
-        self.lock_wait += t.elapsed();
-        r?;
+        // A token here costs no wait (and no clock reads: a fifth of a local acquire's time).
+        if self.engine.acquire_here(LockId(id))?.is_none() {
+            let t = Instant::now();
+            let r = self.done(Command::Acquire(LockId(id)));
+            self.lock_wait += t.elapsed();
+            r?;
+        }
         self.held.push(id);
         Ok(())
     }

@@ -419,6 +419,11 @@ impl<M: PageMemory> Node<M> {
             // next view twinned the pushed pages again, every barrier).
             return;
         }
+        if self.opened_twins.is_empty() {
+            // Nothing twinned in this interval: nothing to record (a release after reading
+            // only, or a lock taken again before its page was written).
+            return;
+        }
         let index = self.open_interval();
         let mut fresh = Vec::new();
         let mut unchanged = Vec::new();

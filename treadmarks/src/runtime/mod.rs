@@ -160,6 +160,24 @@ pub(crate) enum Engine {
 }
 
 impl Engine {
+    /// Acquires `lock` on the application thread if its token is here (no message, nothing to
+    /// wait for); `None` if it is not, or in a one-node job (where [`Engine::call`] does it).
+    pub fn acquire_here(&mut self, lock: LockId) -> Result<Option<AppDone>> {
+        match self {
+            Engine::Local { .. } => Ok(None),
+            Engine::Remote { mailbox, node, heap, .. } => {
+                let reply = Self::lock_here(mailbox, node, heap, &Command::Acquire(lock))?;
+                Ok(reply.map(|r| {
+                    mailbox.lock_ops_here.fetch_add(1, Ordering::Relaxed);
+                    match r {
+                        Reply::Done(done) => done,
+                        other => unreachable!("an acquire answered with {other:?}"),
+                    }
+                }))
+            }
+        }
+    }
+
     /// Runs `cmd` to completion.
     pub fn call(&mut self, cmd: Command) -> Result<Reply> {
         match self {
