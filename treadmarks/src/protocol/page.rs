@@ -335,11 +335,22 @@ impl<M: PageMemory> Node<M> {
     /// docs of the `memory` module say why no write is lost). Only the pages whose twins are
     /// dropped are frozen, and they stay write-protected.
     pub(crate) fn serve_diff_request(&mut self, asks: &[DiffAsk], blocked: bool) -> Vec<PageDiffs> {
+        self.cut_for_serving(asks.iter().map(|a| (a.page, a.want)), blocked);
+        asks.iter().map(|a| self.serve_diffs(a.page, a.want, a.after_seq)).collect()
+    }
+
+    /// Cuts the twins that serving pages up to intervals `want` needs, as
+    /// [`Node::serve_diff_request`] does (its docs say how), so that
+    /// [`Node::serve_diffs`] finds nothing left to cut.
+    pub(crate) fn cut_for_serving(
+        &mut self,
+        wants: impl Iterator<Item = (PageIdx, IntervalIdx)>,
+        blocked: bool,
+    ) {
         let closed = self.vt.get(self.me);
-        let mut cut: Vec<(PageIdx, bool)> = asks
-            .iter()
-            .filter(|a| self.pages[a.page.idx()].twin.is_some_and(|first| first <= a.want.min(closed)))
-            .map(|a| (a.page, self.mem.access(a.page) == Access::ReadWrite))
+        let mut cut: Vec<(PageIdx, bool)> = wants
+            .filter(|&(p, want)| self.pages[p.idx()].twin.is_some_and(|first| first <= want.min(closed)))
+            .map(|(p, _)| (p, self.mem.access(p) == Access::ReadWrite))
             .collect();
         cut.sort_unstable();
         cut.dedup_by_key(|c| c.0);
@@ -369,7 +380,6 @@ impl<M: PageMemory> Node<M> {
         }
         self.set_access_in_runs(writable, Access::ReadWrite);
         self.set_access_in_runs(readable, Access::Read);
-        asks.iter().map(|a| self.serve_diffs(a.page, a.want, a.after_seq)).collect()
     }
 
     /// A fault on page `p`. `write` is true if the fault is known to be a write.
