@@ -46,7 +46,7 @@
 //! applying it 0.6 µs instead of 1.2, at 1.6% fewer bytes. (Bridging gaps of up to 8 words
 //! halved the cost again, for 5% more bytes; on a slower network than loopback, and for sparser
 //! writes, whose bytes it would grow by half, that is the wrong trade.) The bridged stretches are
-//! themselves a bit set, made with a few shifts per 64 words ([`bridged`]): searching for each
+//! themselves a bit set, made with a few shifts per 64 words (`bridged`): searching for each
 //! gap took two bit searches a gap, and a partitioned page of 32-bit keys (a word in four
 //! unchanged, ~100 gaps) took 0.91 µs to diff instead of 0.53 (`cargo bench --bench diff`).
 //!
