@@ -230,6 +230,59 @@ fn a_grant_carries_the_diffs_of_pages_the_acquirer_reads_whatever_lock_they_were
 }
 
 #[test]
+fn a_grant_cuts_the_twins_it_carries_together_and_renewed_ones_unfrozen() {
+    let mut net = Net::with_pages(2, 8);
+    // Node 1 writes pages 2-4 under lock 1, the data the lock protects, and lets it go.
+    let under_lock_1 = |net: &mut Net, value: u8| {
+        net.nodes[1].request_acquire(LockId(1)).unwrap();
+        net.settle();
+        assert_eq!(net.done(1), Some(AppDone::Acquired(LockId(1))));
+        for p in 2..5 {
+            net.write(1, p, 0, value + p as u8);
+        }
+        net.nodes[1].request_release(LockId(1)).unwrap();
+        net.settle();
+    };
+    // Node 0 takes lock 1 while node 1's application runs; returns the calls at node 1 that
+    // took access from pages.
+    let acquire_at_0 = |net: &mut Net| {
+        let calls = net.nodes[1].mem().invalidating_calls();
+        let since = net.log.len();
+        net.nodes[0].request_acquire(LockId(1)).unwrap();
+        net.settle();
+        assert_eq!(net.done(0), Some(AppDone::Acquired(LockId(1))));
+        net.nodes[0].request_release(LockId(1)).unwrap();
+        net.settle();
+        assert_eq!(net.count(since, 0, 1, MsgKind::DiffRequest), 0, "{:?}", &net.log[since..]);
+        net.nodes[1].mem().invalidating_calls() - calls
+    };
+    under_lock_1(&mut net, 10);
+    // Twinned in the interval the release closed: renewed, cut from snapshots, never frozen.
+    assert_eq!(acquire_at_0(&mut net), 0);
+    assert_eq!(net.nodes[1].stats().renewals_unfrozen, 3);
+    assert_eq!(net.nodes[1].stats().diffs_piggybacked, 3);
+    for p in 2..5 {
+        assert_eq!(net.nodes[0].mem().access(PageIdx(p)), Access::Read, "page {p} came with the grant");
+        assert_eq!(net.read(0, p, 0), 10 + p as u8);
+    }
+    // Written again under lock 1, then an interval of node 1's own follows (lock 2, page 6):
+    // the twins are older than the latest interval, so they are dropped, and the three pages
+    // frozen for their cut in one call, not one each.
+    under_lock_1(&mut net, 20);
+    net.nodes[1].request_acquire(LockId(2)).unwrap();
+    net.settle();
+    assert_eq!(net.done(1), Some(AppDone::Acquired(LockId(2))));
+    net.write(1, 6, 0, 1);
+    net.nodes[1].request_release(LockId(2)).unwrap();
+    net.settle();
+    assert_eq!(acquire_at_0(&mut net), 1);
+    assert_eq!(net.nodes[1].stats().diffs_piggybacked, 6);
+    for p in 2..5 {
+        assert_eq!(net.read(0, p, 0), 20 + p as u8);
+    }
+}
+
+#[test]
 fn a_grant_continues_a_push_held_unused() {
     let mut net = Net::new(2);
     subscribe_node_0_to_page_2(&mut net);
