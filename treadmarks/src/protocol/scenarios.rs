@@ -269,12 +269,7 @@ fn a_grant_cuts_the_twins_it_carries_together_and_renewed_ones_unfrozen() {
     // the twins are older than the latest interval, so they are dropped, and the three pages
     // frozen for their cut in one call, not one each.
     under_lock_1(&mut net, 20);
-    net.nodes[1].request_acquire(LockId(2)).unwrap();
-    net.settle();
-    assert_eq!(net.done(1), Some(AppDone::Acquired(LockId(2))));
-    net.write(1, 6, 0, 1);
-    net.nodes[1].request_release(LockId(2)).unwrap();
-    net.settle();
+    write_under(&mut net, 1, 2, 6, 0, 1);
     assert_eq!(acquire_at_0(&mut net), 1);
     assert_eq!(net.nodes[1].stats().diffs_piggybacked, 6);
     for p in 2..5 {
