@@ -109,9 +109,11 @@ fn nonzero_bytes(x: u64) -> u8 {
 pub fn word_sets(masks: &[u8], changed: &mut [u64], full: &mut [u64]) {
     let n = masks.len().div_ceil(64);
     assert!(changed.len() == n && full.len() == n, "word_sets needs one bit per mask");
+    #[cfg(target_arch = "x86_64")]
+    let wide = avx512bw();
     for ((m, c), f) in masks.chunks(64).zip(changed.iter_mut()).zip(full.iter_mut()) {
         #[cfg(target_arch = "x86_64")]
-        if m.len() == 64 && avx512bw() {
+        if m.len() == 64 && wide {
             // SAFETY: `avx512bw` checked at run time that the CPU has the features the kernel
             // is compiled for.
             (*c, *f) = unsafe { classes_avx512(m) };

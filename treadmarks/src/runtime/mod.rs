@@ -167,12 +167,9 @@ impl Engine {
             Engine::Local { .. } => Ok(None),
             Engine::Remote { mailbox, node, heap, .. } => {
                 let reply = Self::lock_here(mailbox, node, heap, &Command::Acquire(lock))?;
-                Ok(reply.map(|r| {
-                    mailbox.lock_ops_here.fetch_add(1, Ordering::Relaxed);
-                    match r {
-                        Reply::Done(done) => done,
-                        other => unreachable!("an acquire answered with {other:?}"),
-                    }
+                Ok(reply.map(|r| match r {
+                    Reply::Done(done) => done,
+                    other => unreachable!("an acquire answered with {other:?}"),
                 }))
             }
         }
@@ -198,10 +195,7 @@ impl Engine {
                 Ok(reply.expect("a one-node job completes every request at once"))
             }
             Engine::Remote { mailbox, node, heap, .. } => match Self::lock_here(mailbox, node, heap, &cmd)? {
-                Some(reply) => {
-                    mailbox.lock_ops_here.fetch_add(1, Ordering::Relaxed);
-                    Ok(reply)
-                }
+                Some(reply) => Ok(reply),
                 None => Self::call_remote(mailbox, cmd),
             },
         }
@@ -237,8 +231,8 @@ impl Engine {
         }
     }
 
-    /// Runs a release, or an acquire whose token this node holds, on the application thread;
-    /// `None` for anything else (a command for the service thread).
+    /// Runs a release, or an acquire whose token this node holds, on the application thread, and
+    /// counts it (`lock_ops_here`); `None` for anything else (a command for the service thread).
     fn lock_here(
         mailbox: &Mailbox,
         node: &Mutex<Node<HeapPages>>,
@@ -253,7 +247,7 @@ impl Engine {
         if mailbox.failed.load(Ordering::Acquire) {
             return Ok(None);
         }
-        Self::on_app_thread(mailbox, node, heap, |node| {
+        let here = Self::on_app_thread(mailbox, node, heap, |node| -> Result<Option<Reply>> {
             if release {
                 // A waiting acquirer gets its grant from the service thread, which sends it.
                 node.request_release(lock)?;
@@ -270,7 +264,11 @@ impl Engine {
                 "an acquire with the token here completes at once"
             );
             Ok(done.map(Reply::Done))
-        })
+        })?;
+        if here.is_some() {
+            mailbox.lock_ops_here.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(here)
     }
 
     /// Brings `pages` up to date before a view of them is used. Needs no `&mut`: the
