@@ -49,6 +49,11 @@ fn views_of_parts_fetch_only_the_pages_they_declare_or_touch() {
 }
 
 #[test]
+fn streaming_views_return_early_and_synchronization_waits_for_their_pages() {
+    run_with("stream", 2, 24, &[("TMK_STREAM_MIN_PAGES", "16")]).assert_pass("stream");
+}
+
+#[test]
 fn pages_declared_overwritten_are_not_fetched_and_reach_readers_whole() {
     run("overwrite", 3, 18).assert_pass("overwrite");
 }

@@ -73,6 +73,9 @@ pub struct Config {
     pub twin_reserve: usize,
     /// Most lock tokens a grant passes along unasked (`protocol/lock.rs`); 0: none.
     pub lock_bundle: usize,
+    /// A view that would fetch at least this many pages streams (`TMK_STREAM_MIN_PAGES`,
+    /// `protocol/stream.rs`); 0: none does.
+    pub stream_min_pages: usize,
     pub print_stats: bool,
     /// Print them as one JSON line (`TMK_STATS=json`) instead of a table.
     pub stats_json: bool,
@@ -110,6 +113,9 @@ pub const DEFAULT_GC_THRESHOLD: u64 = 32 << 20;
 /// suite), fft 16 MiB, the others less.
 pub const DEFAULT_TWIN_RESERVE: usize = 32 << 20;
 
+/// Pages a view must fetch to stream (`protocol/stream.rs`), by default.
+pub const DEFAULT_STREAM_MIN_PAGES: usize = 64;
+
 /// The service thread's polling budget for a node pinned to a CPU of its own.
 pub const DEFAULT_SERVICE_SPIN: Duration = Duration::from_micros(1000);
 
@@ -129,6 +135,7 @@ impl Default for Config {
             diff_reserve: None,
             twin_reserve: DEFAULT_TWIN_RESERVE,
             lock_bundle: DEFAULT_LOCK_BUNDLE,
+            stream_min_pages: DEFAULT_STREAM_MIN_PAGES,
             print_stats: false,
             stats_json: false,
             connect_timeout: Duration::from_secs(30),
@@ -222,6 +229,9 @@ impl Config {
         }
         if let Some(v) = env("TMK_LOCK_BUNDLE") {
             c.lock_bundle = num("TMK_LOCK_BUNDLE", &v)?;
+        }
+        if let Some(v) = env("TMK_STREAM_MIN_PAGES") {
+            c.stream_min_pages = num("TMK_STREAM_MIN_PAGES", &v)?;
         }
         if let Some(v) = env("TMK_STATS") {
             c.print_stats = v != "0";

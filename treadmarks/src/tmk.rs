@@ -102,6 +102,7 @@ impl Tmk {
             back_heap: config.back_heap,
             // Alone, a node has every token: nothing to predict.
             lock_bundle: if n > 1 { config.lock_bundle } else { 0 },
+            stream_min_pages: config.stream_min_pages,
         };
         let node = Node::new(node_cfg, HeapPages(heap.clone()));
         let mut children = None;
@@ -348,7 +349,9 @@ impl Tmk {
         parts: impl IntoIterator<Item = Range<usize>>,
     ) -> Result<View<'_, T>> {
         let view = self.borrows.view(&self.heap, h)?;
-        self.validate(self.pages_of_parts(h, parts, Heap::invalid_pages)?, false, Vec::new())?;
+        let parts: Vec<Range<usize>> = parts.into_iter().collect();
+        let stream = parts.len() == 1;
+        self.validate(self.pages_of_parts(h, parts, Heap::invalid_pages)?, false, Vec::new(), stream)?;
         Ok(view)
     }
 
@@ -394,6 +397,7 @@ impl Tmk {
         overwrite: bool,
     ) -> Result<ViewMut<'_, T>> {
         let view = self.borrows.view_mut(&self.heap, h)?;
+        let stream = parts.len() == 1;
         if self.held.is_empty() {
             let unwritable = self.pages_of_parts(h, parts.iter().cloned(), Heap::unwritable_pages)?;
             if unwritable.len() >= TWIN_AHEAD_MIN_PAGES {
@@ -407,11 +411,11 @@ impl Tmk {
                 } else {
                     Vec::new()
                 };
-                self.validate(unwritable, true, whole)?;
+                self.validate(unwritable, true, whole, stream)?;
                 return Ok(view);
             }
         }
-        self.validate(self.pages_of_parts(h, parts, Heap::invalid_pages)?, false, Vec::new())?;
+        self.validate(self.pages_of_parts(h, parts, Heap::invalid_pages)?, false, Vec::new(), stream)?;
         Ok(view)
     }
 
@@ -449,13 +453,16 @@ impl Tmk {
     }
 
     /// Brings `pages` up to date (and with `write`, twins them ahead of writes), timed as view
-    /// wait.
-    fn validate(&self, pages: Vec<PageIdx>, write: bool, whole: Vec<PageIdx>) -> Result<()> {
+    /// wait. With `stream` (a view of one range, which the application tends to read from an
+    /// end inward), a large fetch may return before its pages are in (`protocol/stream.rs`); a
+    /// view declared in several parts (a transpose's comb) is read across its parts at once, in
+    /// an order its requests could not follow, and waits for them all.
+    fn validate(&self, pages: Vec<PageIdx>, write: bool, whole: Vec<PageIdx>, stream: bool) -> Result<()> {
         if pages.is_empty() {
             return Ok(());
         }
         let t = Instant::now();
-        let r = self.engine.validate(pages, write, whole);
+        let r = self.engine.validate(pages, write, whole, stream);
         self.view_wait.set(self.view_wait.get() + t.elapsed());
         r
     }

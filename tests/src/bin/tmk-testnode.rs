@@ -223,6 +223,59 @@ fn parts(tmk: &mut Tmk) -> R {
     Ok(())
 }
 
+/// Streaming views (`TMK_STREAM_MIN_PAGES=16` in the test): node 0 fills three arrays of 300
+/// pages; node 1, holding its notices, takes a view of the first and reads it from its last page
+/// down (the first read faults on a page still on its way and waits for it), a mutable view of
+/// the second and adds 1 to every word as the pages arrive, and a view of the third of which it
+/// reads one word, then acquires a lock node 0 holds: the acquire first waits for the rest of
+/// the third array, which must then be there. Node 0 checks the second array's new values.
+fn stream(tmk: &mut Tmk) -> R {
+    const W: usize = 512; // u64 words per page
+    const N: usize = 300 * W;
+    let me = tmk.proc_id();
+    let arrays = [shared::<u64>(tmk, N)?, shared::<u64>(tmk, N)?, shared::<u64>(tmk, N)?];
+    let value = |k: usize, i: usize| (k * N + i) as u64;
+    if me == 0 {
+        for (k, a) in arrays.iter().enumerate() {
+            tmk.view_mut(a)?.iter_mut().enumerate().for_each(|(i, x)| *x = value(k, i));
+        }
+        let g = tmk.lock(0)?;
+        g.unlock()?;
+    }
+    tmk.barrier(0)?;
+    if me == 1 {
+        let v = tmk.view(&arrays[0])?;
+        let bad = (0..N).rev().find(|&i| v[i] != value(0, i));
+        check(bad.is_none(), || format!("array 0, word {bad:?}: not node 0's value"))?;
+        drop(v);
+        let mut v = tmk.view_mut(&arrays[1])?;
+        for (i, x) in v.iter_mut().enumerate() {
+            check(*x == value(1, i), || format!("array 1, word {i} is {x}, want {}", value(1, i)))?;
+            *x += 1;
+        }
+        drop(v);
+        let first = tmk.view(&arrays[2])?[0];
+        check(first == value(2, 0), || format!("array 2, word 0 is {first}"))?;
+        let g = tmk.lock(0)?;
+        let v = g.view(&arrays[2])?;
+        let bad = (0..N).find(|&i| v[i] != value(2, i));
+        check(bad.is_none(), || format!("array 2, word {bad:?}: not node 0's value"))?;
+        drop(v);
+        g.unlock()?;
+        let s = tmk.stats()?.protocol;
+        check(s.streams == 3 && s.streamed_pages == 900, || {
+            format!("{} views streamed {} pages", s.streams, s.streamed_pages)
+        })?;
+    }
+    tmk.barrier(0)?;
+    if me == 0 {
+        let v = tmk.view(&arrays[1])?;
+        let bad = (0..N).find(|&i| v[i] != value(1, i) + 1);
+        check(bad.is_none(), || format!("array 1, word {bad:?} lacks node 1's increment"))?;
+    }
+    Ok(())
+}
+
 /// Node 1 fills 40 pages; node 0, holding its notices, declares it overwrites a range covering
 /// pages 3..=29 wholly and 2 and 30 in part, and writes it (a third of the words with 0, what its
 /// own stale copy holds): only the two partial pages are fetched, and every other node reads
@@ -577,6 +630,7 @@ fn main() -> ExitCode {
             "lock-walk" => lock_walk(&mut tmk),
             "parts" => parts(&mut tmk),
             "overwrite" => overwrite(&mut tmk),
+            "stream" => stream(&mut tmk),
             "push" => push(&mut tmk),
             "kill" => kill(&mut tmk),
             "errors" => errors(&mut tmk),

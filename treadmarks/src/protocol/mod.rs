@@ -10,7 +10,8 @@
 //! One file per concept: [`vtime`] (vector timestamps), [`interval`] (interval records and the
 //! log), [`diff`] (twin/page diffs), [`page`] (page state, lazy diffs, access misses), [`lock`]
 //! (distributed lock chain, diffs piggybacked on grants), [`barrier`] (centralized barrier
-//! manager), [`push`] (diffs pushed at barriers to the pages' earlier readers), [`gc`]
+//! manager), [`push`] (diffs pushed at barriers to the pages' earlier readers), [`stream`] (views that
+//! return while their pages arrive), [`gc`]
 //! (collection of consistency data at barriers), [`collective`] (allocation, distribute, exit),
 //! [`msg`] (wire messages), [`shared_bytes`] (diffs that point into the frame they arrived in), [`node`] (the state machine), [`alloc`] (node 0's
 //! heap allocator), [`stats`] (counters). Readable message-by-message scenarios live in
@@ -34,6 +35,7 @@ pub mod page;
 pub mod push;
 pub mod shared_bytes;
 pub mod stats;
+pub mod stream;
 pub mod vtime;
 
 #[cfg(test)]

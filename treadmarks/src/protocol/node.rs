@@ -22,6 +22,7 @@ use super::msg::{AllocFailure, Message, PageCopy, PageDiffs};
 use super::page::{Miss, PageMeta};
 use super::push::PushState;
 use super::stats::ProtocolStats;
+use super::stream::StreamState;
 use super::vtime::VectorTime;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -43,6 +44,8 @@ pub struct NodeConfig {
     pub lock_bundle: usize,
     /// Back the heap's allocated pages with memory at barriers (`Node::back_heap`).
     pub back_heap: bool,
+    /// A view that would fetch at least this many pages streams (`stream.rs`); 0: none does.
+    pub stream_min_pages: usize,
 }
 
 /// Completion of the application's pending request.
@@ -58,6 +61,8 @@ pub enum AppDone {
     Distributed(Vec<u8>),
     Exited,
     Pong(NodeId),
+    /// No page of a streaming view is on its way any more ([`Node::request_settle`]).
+    Settled,
 }
 
 /// What the application is waiting for.
@@ -80,6 +85,8 @@ pub(crate) enum Pending {
     Distribute(u64),
     Exit,
     Ping(NodeId),
+    /// The pages of streaming views to arrive ([`Node::request_settle`]).
+    Settle,
 }
 
 /// Most pages, invalid already, that a run of pages being invalidated goes on across
@@ -137,6 +144,8 @@ pub struct Node<M> {
     /// Pages of the validation in progress that are up to date, to be made readable together.
     pub(crate) validated: Vec<PageIdx>,
     pub(crate) acct: Accounting,
+    /// Pages of streaming views on their way, and those that just arrived.
+    pub(crate) stream: StreamState,
     /// Subscribers of our pages, and diffs pushed to us.
     pub(crate) push: PushState,
     pub(crate) gc: Option<GcRound>,
@@ -187,6 +196,7 @@ impl<M: PageMemory> Node<M> {
             misses: BTreeMap::new(),
             validated: Vec::new(),
             acct: Accounting::default(),
+            stream: StreamState::default(),
             push: PushState::default(),
             gc: None,
             gc_done: vec![false; n],
@@ -289,7 +299,9 @@ impl<M: PageMemory> Node<M> {
             });
         }
         self.dispatch(from, msg)?;
-        self.deliver_local()
+        self.deliver_local()?;
+        self.map_arrived();
+        Ok(())
     }
 
     pub(crate) fn dispatch(&mut self, from: NodeId, msg: Message) -> Result<(), ProtocolError> {
@@ -561,6 +573,11 @@ impl<M: PageMemory> Node<M> {
         if new.is_empty() {
             return;
         }
+        assert!(
+            !self.streaming(),
+            "write notices applied while {} streamed pages are on their way (settle first)",
+            self.stream.in_flight
+        );
         let n = self.nprocs();
         fn logged(log: &IntervalLog, node: NodeId, index: IntervalIdx) -> &[PageIdx] {
             &log.get(node, index).expect("a logged record stays until its notices apply").pages

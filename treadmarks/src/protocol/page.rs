@@ -55,6 +55,7 @@ use super::ids::{DiffSeq, IntervalIdx, NodeId, PageIdx};
 use super::memory::{Access, PageMemory};
 use super::msg::{DiffAsk, DiffWire, Message, PageCopy, PageDiffs, UnaskedDiffs};
 use super::node::{AppDone, Node, Pending};
+use super::stream::from_both_ends;
 use super::vtime::VectorTime;
 
 /// Most pages one diff or page request names, so that a reply stays far below the transport's
@@ -179,6 +180,9 @@ pub(crate) enum MissFor {
     Gc,
     /// The application, about to access a view ([`Node::request_validate`]).
     Validate,
+    /// Nobody yet: a streaming view's page on its way (`stream.rs`). A fault on the page makes
+    /// the miss the application's.
+    Stream,
 }
 
 /// An access miss in progress.
@@ -186,6 +190,8 @@ pub(crate) enum MissFor {
 pub(crate) struct Miss {
     pub write: bool,
     pub purpose: MissFor,
+    /// Started by a streaming view (counted in `StreamState::in_flight` until it completes).
+    pub streamed: bool,
     /// Writers asked, with the interval asked up to, and whether they answered.
     pub asked: Vec<(NodeId, IntervalIdx, bool)>,
     pub diffs: Vec<(NodeId, DiffWire)>,
@@ -392,8 +398,20 @@ impl<M: PageMemory> Node<M> {
                 self.done.push_back(AppDone::FaultResolved(p));
             }
             Access::None => {
-                self.stats.read_misses += 1;
                 self.pending = Pending::Fault;
+                if let Some(miss) = self.misses.get_mut(&p) {
+                    // On its way for a streaming view (nothing else fetches while the application
+                    // runs): wait for it, asking nothing more.
+                    assert_eq!(
+                        miss.purpose,
+                        MissFor::Stream,
+                        "{p}: fault on a page whose miss is not a stream's"
+                    );
+                    (miss.purpose, miss.write) = (MissFor::App, miss.write || write);
+                    self.stats.stream_waits += 1;
+                    return Ok(());
+                }
+                self.stats.read_misses += 1;
                 return self.start_misses(&[p], write, MissFor::App);
             }
         }
@@ -407,8 +425,10 @@ impl<M: PageMemory> Node<M> {
     /// page by page. Such a twin is made ahead of any write, so it is noticed at the interval's
     /// end only if the page changed (like a renewed twin). Completes with
     /// [`AppDone::Validated`].
+    ///
+    /// A large fetch may stream: see [`Node::request_view`].
     pub fn request_validate(&mut self, pages: &[PageIdx], write: bool) -> Result<(), ProtocolError> {
-        self.validate_pages(pages, write, &[])
+        self.validate_pages(pages, write, &[], true)
     }
 
     /// [`Node::request_validate`] of `pages` for writing, where the application also declares
@@ -416,7 +436,22 @@ impl<M: PageMemory> Node<M> {
     /// those that are stale are not fetched, but superseded (see the module docs), and all of
     /// them are diffed whole. Completes with [`AppDone::Validated`].
     pub fn request_overwrite(&mut self, pages: &[PageIdx], whole: &[PageIdx]) -> Result<(), ProtocolError> {
-        self.validate_pages(pages, true, whole)
+        self.validate_pages(pages, true, whole, true)
+    }
+
+    /// [`Node::request_validate`] (`whole` empty) or [`Node::request_overwrite`] (`write`),
+    /// whichever the arguments say. With `stream`, a validation that would fetch at least
+    /// [`NodeConfig::stream_min_pages`](super::NodeConfig::stream_min_pages) pages with no lock
+    /// held completes at once, its pages arriving while the application runs (`stream.rs`);
+    /// without, it completes once they are all in.
+    pub fn request_view(
+        &mut self,
+        pages: &[PageIdx],
+        write: bool,
+        whole: &[PageIdx],
+        stream: bool,
+    ) -> Result<(), ProtocolError> {
+        self.validate_pages(pages, write, if write { whole } else { &[] }, stream)
     }
 
     fn validate_pages(
@@ -424,6 +459,7 @@ impl<M: PageMemory> Node<M> {
         pages: &[PageIdx],
         write: bool,
         whole: &[PageIdx],
+        stream: bool,
     ) -> Result<(), ProtocolError> {
         self.begin("validate")?;
         for &p in pages.iter().chain(whole) {
@@ -455,6 +491,15 @@ impl<M: PageMemory> Node<M> {
         }
         self.stats.read_misses += invalid.len() as u64;
         self.stats.validations += 1;
+        if stream && self.streams(invalid.len()) {
+            self.stats.streams += 1;
+            self.stats.streamed_pages += invalid.len() as u64;
+            self.start_misses(&invalid, write, MissFor::Stream)?;
+            self.twin_ahead(&then_write, &whole);
+            self.map_arrived();
+            self.done.push_back(AppDone::Validated);
+            return self.deliver_local();
+        }
         self.pending = Pending::Validate { left: invalid.len(), then_write, whole };
         self.start_misses(&invalid, false, MissFor::Validate)?;
         self.deliver_local()
@@ -517,13 +562,23 @@ impl<M: PageMemory> Node<M> {
     /// Twins every valid read-only page of `pages` (ascending) and makes them writable, in runs;
     /// then marks the twinned pages of `whole` (declared overwritten) to be diffed whole.
     fn twin_ahead(&mut self, pages: &[PageIdx], whole: &[PageIdx]) {
-        let open = self.open_interval();
         let readable: Vec<PageIdx> =
             pages.iter().copied().filter(|&p| self.mem.access(p) == Access::Read).collect();
-        self.mem.prepare_twins(&readable);
+        self.twin_ahead_of_writes(&readable);
+        for &p in whole {
+            let meta = &mut self.pages[p.idx()];
+            meta.whole |= meta.twin.is_some();
+        }
+    }
+
+    /// Twins `pages` (ascending, none writable, all up to date) ahead of writes and makes them
+    /// writable, in runs.
+    pub(crate) fn twin_ahead_of_writes(&mut self, pages: &[PageIdx]) {
+        let open = self.open_interval();
+        self.mem.prepare_twins(pages);
         let mut twinned = Vec::new();
         let under_lock = !self.held_locks.is_empty();
-        for p in readable {
+        for &p in pages {
             self.mem.make_twin(p);
             let meta = &mut self.pages[p.idx()];
             meta.twin = Some(open);
@@ -536,10 +591,6 @@ impl<M: PageMemory> Node<M> {
         }
         self.stats.twins_ahead += twinned.len() as u64;
         self.set_access_in_runs(twinned, Access::ReadWrite);
-        for &p in whole {
-            let meta = &mut self.pages[p.idx()];
-            meta.whole |= meta.twin.is_some();
-        }
     }
 
     /// Asks every writer with unapplied notices for its diffs of `pages` (one request per writer,
@@ -576,13 +627,20 @@ impl<M: PageMemory> Node<M> {
                 copies[h.idx()].push(p);
                 (h, None)
             });
-            self.misses.insert(p, Miss { write, purpose, asked, diffs, base });
+            let streamed = purpose == MissFor::Stream;
+            self.stream.in_flight += usize::from(streamed);
+            self.misses.insert(p, Miss { write, purpose, streamed, asked, diffs, base });
         }
         // One request per writer, split so that no reply can outgrow a frame (a page's diff is
         // at most about a page), and ramped so that the writer's diffing, the transfer and our
         // applying overlap.
         for (w, asks) in asks.into_iter().enumerate() {
-            for chunk in ramped(&asks) {
+            let chunks: Vec<&[DiffAsk]> = if purpose == MissFor::Stream {
+                from_both_ends(&asks, PAGES_PER_REQUEST)
+            } else {
+                ramped(&asks).collect()
+            };
+            for chunk in chunks {
                 self.stats.diff_requests_sent += 1;
                 self.outbox.push_back((NodeId(w as u16), Message::DiffRequest { asks: chunk.to_vec() }));
             }
@@ -789,7 +847,12 @@ impl<M: PageMemory> Node<M> {
             w.applied = w.applied.max(*want);
         }
         debug_assert!(!self.pages[p.idx()].is_stale(), "{p} still stale after its miss");
-        if miss.write {
+        if miss.streamed {
+            self.stream_done();
+        }
+        if miss.purpose == MissFor::Stream {
+            self.stream_arrived(p, miss.write);
+        } else if miss.write {
             self.make_twin(p);
         } else if miss.purpose == MissFor::Validate {
             // Made readable with the rest of the validation, in runs.
@@ -803,6 +866,7 @@ impl<M: PageMemory> Node<M> {
                 self.done.push_back(AppDone::FaultResolved(p));
             }
             MissFor::Gc => self.gc_page_validated(),
+            MissFor::Stream => {}
             MissFor::Validate => {
                 let Pending::Validate { left, .. } = &mut self.pending else {
                     unreachable!("a validation miss outside request_validate")

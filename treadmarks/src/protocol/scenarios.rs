@@ -33,6 +33,7 @@ impl Net {
                     push: true,
                     lock_bundle,
                     back_heap: true,
+                    stream_min_pages: 0,
                 };
                 let access = if n == 1 { Access::ReadWrite } else { Access::Read };
                 Node::new(cfg, VecMemory::new(npages, PAGE, access))
@@ -1103,4 +1104,131 @@ fn a_release_or_arrival_naming_a_bad_pusher_is_an_error() {
     };
     let e = net.nodes[0].handle_message(NodeId(1), arrive).unwrap_err().to_string();
     assert!(e.contains("push to node 9") || e.contains("push to 9"), "{e}");
+}
+
+/// Node 1 writes byte 0 of each of `npages` pages (page `p` gets `p + 1`), the nodes pass a
+/// barrier, and node 0 (which now holds notices for all of them) streams views of 2+ pages.
+fn streaming_setup(npages: u32) -> Net {
+    let mut net = Net::with_pages(2, npages);
+    for p in 0..npages {
+        net.write(1, p, 0, p as u8 + 1);
+    }
+    net.barrier();
+    net.nodes[0].cfg.stream_min_pages = 2;
+    net
+}
+
+/// The pages of the diff requests node 0 has queued, each request as (first, end).
+fn queued_requests(node: &Node<VecMemory>) -> Vec<(u32, u32)> {
+    (node.outbox.iter())
+        .filter_map(|(_, m)| match m {
+            Message::DiffRequest { asks } => Some((asks[0].page.0, asks[asks.len() - 1].page.0 + 1)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_streaming_view_returns_before_its_pages_and_asks_from_both_ends() {
+    let mut net = streaming_setup(100);
+    let pages: Vec<PageIdx> = (0..100).map(PageIdx).collect();
+    net.nodes[0].request_validate(&pages, false).unwrap();
+    assert_eq!(net.done(0), Some(AppDone::Validated), "returns before any answer");
+    assert!(net.nodes[0].streaming());
+    assert!(pages.iter().all(|&p| net.nodes[0].mem().access(p) == Access::None));
+    assert_eq!(queued_requests(&net.nodes[0]), vec![(0, 32), (68, 100), (32, 68)]);
+    net.settle();
+    assert!(!net.nodes[0].streaming());
+    for p in 0..100 {
+        assert_eq!(net.nodes[0].mem().access(PageIdx(p)), Access::Read);
+        assert_eq!(net.read(0, p, 0), p as u8 + 1);
+    }
+    let s = net.nodes[0].stats();
+    assert_eq!((s.streams, s.streamed_pages, s.diff_requests_sent), (1, 100, 3));
+}
+
+#[test]
+fn a_view_below_the_threshold_or_under_a_lock_does_not_stream() {
+    let mut net = streaming_setup(4);
+    net.nodes[0].cfg.stream_min_pages = 3;
+    net.nodes[0].request_validate(&[PageIdx(0), PageIdx(1)], false).unwrap();
+    assert_eq!(net.done(0), None, "two pages: a plain view, which waits");
+    net.settle();
+    assert_eq!(net.done(0), Some(AppDone::Validated));
+    net.nodes[0].request_acquire(LockId(0)).unwrap();
+    assert_eq!(net.done(0), Some(AppDone::Acquired(LockId(0))));
+    net.nodes[0].request_validate(&[PageIdx(2), PageIdx(3)], false).unwrap();
+    assert_eq!(net.done(0), None, "under a lock: a plain view");
+    net.settle();
+    assert_eq!(net.done(0), Some(AppDone::Validated));
+    assert_eq!(net.nodes[0].stats().streams, 0);
+}
+
+#[test]
+fn a_fault_on_a_page_on_its_way_waits_for_it_and_asks_nothing_more() {
+    let mut net = streaming_setup(100);
+    let pages: Vec<PageIdx> = (0..100).map(PageIdx).collect();
+    net.nodes[0].request_validate(&pages, false).unwrap();
+    assert_eq!(net.done(0), Some(AppDone::Validated));
+    let since = net.log.len();
+    net.nodes[0].handle_fault(PageIdx(99), false).unwrap();
+    assert_eq!(queued_requests(&net.nodes[0]).len(), 3, "no request of its own");
+    assert_eq!(net.done(0), None);
+    net.settle();
+    assert_eq!(net.done(0), Some(AppDone::FaultResolved(PageIdx(99))));
+    assert_eq!(net.count(since, 0, 1, MsgKind::DiffRequest), 3);
+    assert_eq!(net.nodes[0].mem().app_read(PageIdx(99))[0], 100);
+    assert_eq!(net.nodes[0].stats().stream_waits, 1);
+}
+
+#[test]
+fn synchronization_waits_until_streamed_pages_are_in() {
+    let mut net = streaming_setup(8);
+    net.nodes[0].request_settle().unwrap();
+    assert_eq!(net.done(0), Some(AppDone::Settled), "nothing on its way: at once");
+    let pages: Vec<PageIdx> = (0..8).map(PageIdx).collect();
+    net.nodes[0].request_validate(&pages, false).unwrap();
+    assert_eq!(net.done(0), Some(AppDone::Validated));
+    net.nodes[0].request_settle().unwrap();
+    assert_eq!(net.done(0), None);
+    assert!(net.nodes[0].request_barrier(BarrierId(0)).is_err(), "busy settling");
+    net.settle();
+    assert_eq!(net.done(0), Some(AppDone::Settled));
+    assert_eq!(net.nodes[0].stats().settles, 1);
+    net.barrier();
+}
+
+#[test]
+#[should_panic(expected = "settle first")]
+fn notices_taken_in_while_pages_are_on_their_way_are_a_bug() {
+    let mut net = streaming_setup(8);
+    // Node 1 writes page 0 again, in a new twin (node 0 asks for the old one's diff first).
+    assert_eq!(net.read(0, 0, 0), 1);
+    net.write(1, 0, 1, 9);
+    net.nodes[1].request_barrier(BarrierId(0)).unwrap();
+    let (_, arrive) = net.nodes[1].poll_transmit().expect("the arrival");
+    net.nodes[0].handle_message(NodeId(1), arrive).unwrap();
+    let pages: Vec<PageIdx> = (0..8).map(PageIdx).collect();
+    net.nodes[0].request_validate(&pages, false).unwrap();
+    // Node 0 completes the barrier as its manager, taking in node 1's notice for page 0.
+    let _ = net.nodes[0].request_barrier(BarrierId(0));
+}
+
+#[test]
+fn a_streaming_mutable_view_twins_its_pages_as_they_arrive() {
+    let mut net = streaming_setup(8);
+    let pages: Vec<PageIdx> = (0..8).map(PageIdx).collect();
+    net.nodes[0].request_validate(&pages, true).unwrap();
+    assert_eq!(net.done(0), Some(AppDone::Validated));
+    net.settle();
+    for &p in &pages {
+        assert_eq!(net.nodes[0].mem().access(p), Access::ReadWrite, "{p}");
+        assert!(net.nodes[0].page_meta(p).twin.is_some(), "{p}");
+    }
+    net.nodes[0].mem_mut().app_write(PageIdx(5))[1] = 42;
+    net.barrier();
+    assert_eq!((net.read(1, 5, 0), net.read(1, 5, 1)), (6, 42));
+    // Twins made ahead are noticed only where the page changed: node 1 keeps page 4.
+    assert_eq!(net.nodes[0].stats().write_notices_made, 1);
+    assert_ne!(net.nodes[1].mem().access(PageIdx(4)), Access::None);
 }

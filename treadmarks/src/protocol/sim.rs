@@ -78,6 +78,8 @@ struct Shape {
     walks: bool,
     /// Links of different speeds that stall now and then, instead of a uniform choice.
     skewed: bool,
+    /// Views fetching at least this many pages stream (`stream.rs`); 0: none do.
+    stream_min_pages: usize,
 }
 
 fn generate(rng: &mut Rng, s: &Shape) -> Vec<Vec<Op>> {
@@ -230,6 +232,7 @@ impl Sim {
                     push: s.push,
                     lock_bundle: s.lock_bundle,
                     back_heap: true,
+                    stream_min_pages: s.stream_min_pages,
                 };
                 let node = Node::new(cfg, VecMemory::new(npages, PAGE, access));
                 SimNode { node, prog, pc: 0, blocked: false, fast_twins: Vec::new(), exited: false }
@@ -276,7 +279,8 @@ impl Sim {
             );
             sn.blocked = false;
             match done {
-                AppDone::FaultResolved(_) => {}
+                // Settled: the synchronization it preceded runs next.
+                AppDone::FaultResolved(_) | AppDone::Settled => {}
                 AppDone::Exited => sn.exited = true,
                 _ => sn.pc += 1,
             }
@@ -326,6 +330,16 @@ impl Sim {
                         self.core(i, |n| n.handle_fault(p, write));
                     }
                 }
+            }
+            Op::Acquire(l) if sn.node.streaming() && !sn.node.token_here(l) => {
+                // As the runtime does: a synchronization that may bring write notices waits for
+                // the pages of streaming views first; an acquire of a token here does not.
+                sn.blocked = true;
+                self.core(i, |n| n.request_settle());
+            }
+            Op::Barrier(_) if sn.node.streaming() => {
+                sn.blocked = true;
+                self.core(i, |n| n.request_settle());
             }
             Op::Acquire(l) => {
                 sn.blocked = true;
@@ -462,6 +476,11 @@ impl Sim {
         }
         // Orderly exit: everybody reaches it.
         for i in 0..self.n {
+            assert!(
+                !self.nodes[i].node.streaming(),
+                "seed {}: node {i}: streamed pages left on their way",
+                self.seed
+            );
             self.nodes[i].blocked = true;
             self.core(i, |n| n.request_exit());
         }
@@ -488,6 +507,7 @@ fn run_seed(seed: u64) -> (Vec<ProtocolStats>, u64) {
             lock_bundle: [0, 1, 2, 8][pick.below(4) as usize],
             walks: false,
             skewed: pick.below(4) == 0,
+            stream_min_pages: [0, 1, 2, 3][pick.below(4) as usize],
         },
     )
 }
@@ -507,6 +527,7 @@ fn run_walk_seed(seed: u64) -> (Vec<ProtocolStats>, u64) {
             lock_bundle: [1, 4, 8, 32][pick.below(4) as usize],
             walks: true,
             skewed: pick.below(2) == 0,
+            stream_min_pages: 0,
         },
     )
 }
@@ -584,6 +605,7 @@ fn random_data_race_free_programs_read_sequentially_consistent_values() {
     );
     assert!(totals.pages_overwritten > 100 && totals.diffs_superseded > 10, "{totals:?}");
     assert!(totals.twins_renewed > 1000 && totals.renewals_unfrozen > 500, "{totals:?}");
+    assert!(totals.streams > 1000 && totals.stream_waits > 200 && totals.settles > 300, "{totals:?}");
 }
 
 #[test]

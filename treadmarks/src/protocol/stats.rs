@@ -29,6 +29,12 @@ pub struct ProtocolStats {
     pub diff_bytes_applied: u64,
     /// View validations that fetched something (each batches many pages).
     pub validations: u64,
+    /// Validations that streamed (`stream.rs`) and the pages they fetched; faults that waited
+    /// for a page on its way; synchronizations that waited for streamed pages to arrive.
+    pub streams: u64,
+    pub streamed_pages: u64,
+    pub stream_waits: u64,
+    pub settles: u64,
     /// Diffs sent along with lock grants.
     pub diffs_piggybacked: u64,
     /// Diffs pushed at barriers to earlier readers; pushed pages a miss used instead of a
@@ -96,6 +102,10 @@ impl std::ops::AddAssign<&ProtocolStats> for ProtocolStats {
         self.diffs_applied += o.diffs_applied;
         self.diff_bytes_applied += o.diff_bytes_applied;
         self.validations += o.validations;
+        self.streams += o.streams;
+        self.streamed_pages += o.streamed_pages;
+        self.stream_waits += o.stream_waits;
+        self.settles += o.settles;
         self.diffs_piggybacked += o.diffs_piggybacked;
         self.diffs_pushed += o.diffs_pushed;
         self.pushes_used += o.pushes_used;

@@ -71,6 +71,8 @@ pub(crate) enum Command {
         pages: Vec<PageIdx>,
         write: bool,
         whole: Vec<PageIdx>,
+        /// The view may stream (`protocol/stream.rs`).
+        stream: bool,
     },
     Stats,
     /// Stop the service thread (the application gave up on a failed job): flush what is
@@ -96,8 +98,9 @@ fn request_validate(
     pages: &[PageIdx],
     write: bool,
     whole: &[PageIdx],
+    stream: bool,
 ) -> std::result::Result<(), crate::protocol::ProtocolError> {
-    if write { node.request_overwrite(pages, whole) } else { node.request_validate(pages, false) }
+    node.request_view(pages, write, whole, stream)
 }
 
 pub(crate) fn start(
@@ -117,7 +120,9 @@ pub(crate) fn start(
         Command::Distribute(bytes) => node.request_distribute(bytes)?,
         Command::Exit => node.request_exit()?,
         Command::Ping(peer) => node.request_ping(peer)?,
-        Command::Validate { pages, write, whole } => request_validate(node, &pages, write, &whole)?,
+        Command::Validate { pages, write, whole, stream } => {
+            request_validate(node, &pages, write, &whole, stream)?
+        }
         Command::Stats | Command::Shutdown => unreachable!("answered by the engine"),
     }
     Ok(None)
@@ -275,7 +280,13 @@ impl Engine {
     /// application's views may be alive, and only invalid pages (which no view has touched since
     /// the last synchronization) change. A one-node job has no invalid pages.
     /// `whole`: pages (of `pages`, only with `write`) the application overwrites entirely.
-    pub fn validate(&self, pages: Vec<PageIdx>, write: bool, whole: Vec<PageIdx>) -> Result<()> {
+    pub fn validate(
+        &self,
+        pages: Vec<PageIdx>,
+        write: bool,
+        whole: Vec<PageIdx>,
+        stream: bool,
+    ) -> Result<()> {
         match self {
             Engine::Local { .. } => Ok(()),
             Engine::Remote { mailbox, node, heap, .. } => {
@@ -285,7 +296,7 @@ impl Engine {
                         if !node.overwrites_locally(&pages, &whole) {
                             return Ok(None);
                         }
-                        request_validate(node, &pages, write, &whole)?;
+                        request_validate(node, &pages, write, &whole, stream)?;
                         Ok(Some(node.poll_done() == Some(AppDone::Validated)))
                     })?;
                     match here {
@@ -300,7 +311,10 @@ impl Engine {
                         None => {}
                     }
                 }
-                Self::validated(Self::call_remote(mailbox, Command::Validate { pages, write, whole })?)
+                Self::validated(Self::call_remote(
+                    mailbox,
+                    Command::Validate { pages, write, whole, stream },
+                )?)
             }
         }
     }

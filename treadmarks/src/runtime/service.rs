@@ -62,6 +62,9 @@ struct Service {
     spin: Duration,
     /// Until when to poll: set when the application starts waiting, cleared when it resumes.
     spin_until: Option<Instant>,
+    /// A synchronization waiting for the pages of streaming views to arrive first
+    /// (`protocol/stream.rs`): started once the node has settled.
+    after_settle: Option<Command>,
 }
 
 /// Starts the service thread for `node` over `mesh` (real-time if `service_rt` and allowed);
@@ -116,6 +119,7 @@ pub(crate) fn spawn(
                         open: (0..nprocs).map(|n| n != me.idx()).collect(),
                         spin,
                         spin_until: None,
+                        after_settle: None,
                     };
                     let _ = ready_tx.send(Ok(()));
                     svc.run(rx).await;
@@ -322,6 +326,14 @@ impl Service {
             }
             cmd => {
                 self.exiting |= matches!(cmd, Command::Exit);
+                if settles_first(&cmd) && self.node().streaming() {
+                    let settling = self.node().request_settle();
+                    match settling {
+                        Ok(()) => self.after_settle = Some(cmd),
+                        Err(e) => self.reply(Err(e.into())),
+                    }
+                    return;
+                }
                 let started = start(&mut self.node(), cmd);
                 match started {
                     Ok(Some(r)) => self.reply(Ok(r)),
@@ -370,19 +382,39 @@ impl Service {
             crate::report(&format!("treadmarks: {}: warning: {w}", self.me));
         }
         let mut sent_any = false;
-        while let Some((to, msg)) = node.poll_transmit() {
-            sent_any = true;
-            let mut frame = self.links.buffer();
-            let sent = codec::encode_frame(&msg, &mut frame).map_err(|e| e.to_string()).and_then(|n| {
-                self.stats.count_sent(to, msg.kind(), n);
-                self.links.send(to, frame).map_err(|e| e.to_string())
-            });
-            if let Err(e) = sent {
-                self.fail(format!("cannot send {:?} to {to}: {e}", msg.kind()));
+        loop {
+            while let Some((to, msg)) = node.poll_transmit() {
+                sent_any = true;
+                let mut frame = self.links.buffer();
+                let sent = codec::encode_frame(&msg, &mut frame).map_err(|e| e.to_string()).and_then(|n| {
+                    self.stats.count_sent(to, msg.kind(), n);
+                    self.links.send(to, frame).map_err(|e| e.to_string())
+                });
+                if let Err(e) = sent {
+                    self.fail(format!("cannot send {:?} to {to}: {e}", msg.kind()));
+                }
+            }
+            if !self.hand_over(&mut node) {
+                return sent_any;
             }
         }
+    }
+
+    /// Hands the node's completions to the application; returns true if one of them started a
+    /// synchronization that had waited for the node to settle (which may have queued messages).
+    fn hand_over(&mut self, node: &mut Node<HeapPages>) -> bool {
+        let mut started = false;
         while let Some(done) = node.poll_done() {
             match done {
+                AppDone::Settled => {
+                    let cmd = self.after_settle.take().expect("a settle only before a synchronization");
+                    started = true;
+                    match start(node, cmd) {
+                        Ok(Some(r)) => self.reply(Ok(r)),
+                        Ok(None) => {}
+                        Err(e) => self.reply(Err(e.into())),
+                    }
+                }
                 AppDone::FaultResolved(_) => {
                     if let App::InFault(t) = self.app {
                         self.stats.miss_wait += t.elapsed();
@@ -397,7 +429,7 @@ impl Service {
                 other => self.reply(Ok(Reply::Done(other))),
             }
         }
-        sent_any
+        started
     }
 
     fn reply(&mut self, r: crate::Result<Reply>) {
@@ -429,6 +461,13 @@ impl Service {
         }
         self.failed = Some(why);
     }
+}
+
+/// Whether `cmd` waits until no page of a streaming view is on its way: it may bring write
+/// notices or leave the job (`protocol/stream.rs`). A release (and an acquire whose token is
+/// here, which the application thread runs itself) brings none.
+fn settles_first(cmd: &Command) -> bool {
+    !matches!(cmd, Command::Release(_) | Command::Validate { .. } | Command::Stats | Command::Shutdown)
 }
 
 /// The application thread is blocked in a page fault, where no error can be returned.
