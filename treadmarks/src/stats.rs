@@ -109,7 +109,7 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let p = &self.protocol;
         let sent = self.sent();
-        let fields: [(&str, f64); 45] = [
+        let fields: [(&str, f64); 49] = [
             ("node", f64::from(self.node.0)),
             ("nprocs", f64::from(self.nprocs)),
             ("msgs_sent", sent.msgs as f64),
@@ -155,6 +155,10 @@ impl Stats {
             ("pages_backed_mapped", p.pages_backed_mapped as f64),
             ("pages_overwritten", p.pages_overwritten as f64),
             ("diffs_superseded", p.diffs_superseded as f64),
+            ("streams", p.streams as f64),
+            ("streamed_pages", p.streamed_pages as f64),
+            ("stream_waits", p.stream_waits as f64),
+            ("settles", p.settles as f64),
         ];
         let body: Vec<String> = fields.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
         format!("{{{}}}", body.join(","))
@@ -223,6 +227,11 @@ impl fmt::Display for Stats {
             ms(self.barrier_wait),
             ms(self.miss_wait),
             ms(self.view_wait)
+        )?;
+        writeln!(
+            f,
+            "  views that fetched: {} ({} streamed, {} pages; {} faults waited for a page on its way, {} synchronizations for the rest)",
+            p.validations, p.streams, p.streamed_pages, p.stream_waits, p.settles
         )?;
         writeln!(
             f,
