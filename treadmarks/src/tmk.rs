@@ -333,7 +333,11 @@ impl Tmk {
     ///
     /// A view declares what the application is about to touch: its invalid pages are brought up
     /// to date at once, one request per writer for all of them, before the view is returned
-    /// (raw pointers fault page by page instead).
+    /// (raw pointers fault page by page instead). A view that must fetch many pages (at least
+    /// `TMK_STREAM_MIN_PAGES`, 64 by default) with no lock held *streams*: it returns as soon as
+    /// its requests are out, its pages become readable as they arrive, touching one still on
+    /// its way waits for that page, and the next synchronization that may bring write notices
+    /// waits for the rest ([`crate::protocol::stream`]).
     pub fn view<T: Pod>(&self, h: &Shared<[T]>) -> Result<View<'_, T>> {
         self.view_parts(h, std::iter::once(0..h.len()))
     }
