@@ -428,7 +428,7 @@ impl<M: PageMemory> Node<M> {
     ///
     /// A large fetch may stream: see [`Node::request_view`].
     pub fn request_validate(&mut self, pages: &[PageIdx], write: bool) -> Result<(), ProtocolError> {
-        self.validate_pages(pages, write, &[], true)
+        self.request_view(pages, write, &[], true)
     }
 
     /// [`Node::request_validate`] of `pages` for writing, where the application also declares
@@ -436,7 +436,7 @@ impl<M: PageMemory> Node<M> {
     /// those that are stale are not fetched, but superseded (see the module docs), and all of
     /// them are diffed whole. Completes with [`AppDone::Validated`].
     pub fn request_overwrite(&mut self, pages: &[PageIdx], whole: &[PageIdx]) -> Result<(), ProtocolError> {
-        self.validate_pages(pages, true, whole, true)
+        self.request_view(pages, true, whole, true)
     }
 
     /// [`Node::request_validate`] (`whole` empty) or [`Node::request_overwrite`] (`write`),
@@ -451,16 +451,7 @@ impl<M: PageMemory> Node<M> {
         whole: &[PageIdx],
         stream: bool,
     ) -> Result<(), ProtocolError> {
-        self.validate_pages(pages, write, if write { whole } else { &[] }, stream)
-    }
-
-    fn validate_pages(
-        &mut self,
-        pages: &[PageIdx],
-        write: bool,
-        whole: &[PageIdx],
-        stream: bool,
-    ) -> Result<(), ProtocolError> {
+        let whole = if write { whole } else { &[] };
         self.begin("validate")?;
         for &p in pages.iter().chain(whole) {
             self.check_page(self.me, p)?;

@@ -1118,6 +1118,14 @@ fn streaming_setup(npages: u32) -> Net {
     net
 }
 
+/// Node 0 takes a view of pages `0..npages`, which streams: it completes at once.
+fn stream_view(net: &mut Net, npages: u32, write: bool) -> Vec<PageIdx> {
+    let pages: Vec<PageIdx> = (0..npages).map(PageIdx).collect();
+    net.nodes[0].request_validate(&pages, write).unwrap();
+    assert_eq!(net.done(0), Some(AppDone::Validated), "returns before any answer");
+    pages
+}
+
 /// The pages of the diff requests node 0 has queued, each request as (first, end).
 fn queued_requests(node: &Node<VecMemory>) -> Vec<(u32, u32)> {
     (node.outbox.iter())
@@ -1131,9 +1139,7 @@ fn queued_requests(node: &Node<VecMemory>) -> Vec<(u32, u32)> {
 #[test]
 fn a_streaming_view_returns_before_its_pages_and_asks_from_both_ends() {
     let mut net = streaming_setup(100);
-    let pages: Vec<PageIdx> = (0..100).map(PageIdx).collect();
-    net.nodes[0].request_validate(&pages, false).unwrap();
-    assert_eq!(net.done(0), Some(AppDone::Validated), "returns before any answer");
+    let pages = stream_view(&mut net, 100, false);
     assert!(net.nodes[0].streaming());
     assert!(pages.iter().all(|&p| net.nodes[0].mem().access(p) == Access::None));
     assert_eq!(queued_requests(&net.nodes[0]), vec![(0, 32), (68, 100), (32, 68)]);
@@ -1167,9 +1173,7 @@ fn a_view_below_the_threshold_or_under_a_lock_does_not_stream() {
 #[test]
 fn a_fault_on_a_page_on_its_way_waits_for_it_and_asks_nothing_more() {
     let mut net = streaming_setup(100);
-    let pages: Vec<PageIdx> = (0..100).map(PageIdx).collect();
-    net.nodes[0].request_validate(&pages, false).unwrap();
-    assert_eq!(net.done(0), Some(AppDone::Validated));
+    stream_view(&mut net, 100, false);
     let since = net.log.len();
     net.nodes[0].handle_fault(PageIdx(99), false).unwrap();
     assert_eq!(queued_requests(&net.nodes[0]).len(), 3, "no request of its own");
@@ -1186,9 +1190,7 @@ fn synchronization_waits_until_streamed_pages_are_in() {
     let mut net = streaming_setup(8);
     net.nodes[0].request_settle().unwrap();
     assert_eq!(net.done(0), Some(AppDone::Settled), "nothing on its way: at once");
-    let pages: Vec<PageIdx> = (0..8).map(PageIdx).collect();
-    net.nodes[0].request_validate(&pages, false).unwrap();
-    assert_eq!(net.done(0), Some(AppDone::Validated));
+    stream_view(&mut net, 8, false);
     net.nodes[0].request_settle().unwrap();
     assert_eq!(net.done(0), None);
     assert!(net.nodes[0].request_barrier(BarrierId(0)).is_err(), "busy settling");
@@ -1208,8 +1210,7 @@ fn notices_taken_in_while_pages_are_on_their_way_are_a_bug() {
     net.nodes[1].request_barrier(BarrierId(0)).unwrap();
     let (_, arrive) = net.nodes[1].poll_transmit().expect("the arrival");
     net.nodes[0].handle_message(NodeId(1), arrive).unwrap();
-    let pages: Vec<PageIdx> = (0..8).map(PageIdx).collect();
-    net.nodes[0].request_validate(&pages, false).unwrap();
+    stream_view(&mut net, 8, false);
     // Node 0 completes the barrier as its manager, taking in node 1's notice for page 0.
     let _ = net.nodes[0].request_barrier(BarrierId(0));
 }
@@ -1217,9 +1218,7 @@ fn notices_taken_in_while_pages_are_on_their_way_are_a_bug() {
 #[test]
 fn a_streaming_mutable_view_twins_its_pages_as_they_arrive() {
     let mut net = streaming_setup(8);
-    let pages: Vec<PageIdx> = (0..8).map(PageIdx).collect();
-    net.nodes[0].request_validate(&pages, true).unwrap();
-    assert_eq!(net.done(0), Some(AppDone::Validated));
+    let pages = stream_view(&mut net, 8, true);
     net.settle();
     for &p in &pages {
         assert_eq!(net.nodes[0].mem().access(p), Access::ReadWrite, "{p}");
