@@ -94,16 +94,29 @@ pub fn heap_base(slot: u64) -> String {
 pub fn check_app_modes(exe: &str, slot0: u64, threads: usize, args: &[&str]) {
     let runs = [("dsm", 1), ("dsm", 2), ("dsm", 3), ("dsm", 4), ("threads", threads), ("seq", 1)];
     for (k, (mode, nprocs)) in runs.into_iter().enumerate() {
-        let mut cmd = Command::new(exe);
-        cmd.args(["-n", &nprocs.to_string(), "--mode", mode])
-            .args(args)
-            .env("TMK_HEAP_SIZE", "256MiB")
-            .env("TMK_HEAP_BASE", heap_base(slot0 + k as u64))
-            .env("TMK_CONNECT_TIMEOUT", "20");
-        let out = Job::spawn(cmd).wait(Duration::from_secs(120));
-        assert!(
-            out.code == Some(0) && out.stdout.contains("PASS"),
-            "{exe} --mode {mode} -n {nprocs} {args:?} failed: {out:#?}"
-        );
+        check_app_run(exe, mode, nprocs, slot0 + k as u64, args, &[("TMK_HEAP_SIZE", "256MiB")]);
     }
+}
+
+/// Checks one example application in DSM mode on each of `nodes` node counts, with `env` set
+/// (a fault backend, say); run `k` uses heap slot `slot0 + k`.
+pub fn check_app_dsm(exe: &str, slot0: u64, nodes: &[usize], args: &[&str], env: &[(&str, &str)]) {
+    for (k, &nprocs) in nodes.iter().enumerate() {
+        check_app_run(exe, "dsm", nprocs, slot0 + k as u64, args, env);
+    }
+}
+
+/// One run of an example application, which must print `PASS` and exit 0.
+fn check_app_run(exe: &str, mode: &str, nprocs: usize, slot: u64, args: &[&str], env: &[(&str, &str)]) {
+    let mut cmd = Command::new(exe);
+    cmd.args(["-n", &nprocs.to_string(), "--mode", mode])
+        .args(args)
+        .env("TMK_HEAP_BASE", heap_base(slot))
+        .env("TMK_CONNECT_TIMEOUT", "20")
+        .envs(env.iter().copied());
+    let out = Job::spawn(cmd).wait(Duration::from_secs(120));
+    assert!(
+        out.code == Some(0) && out.stdout.contains("PASS"),
+        "{exe} --mode {mode} -n {nprocs} {args:?} with {env:?} failed: {out:#?}"
+    );
 }
