@@ -11,9 +11,12 @@
 //!   pages, with no lock held, *streams*: it completes at once ([`AppDone::Validated`]) and its
 //!   pages' misses (`MissFor::Stream`) are asked for as usual (one request per writer, split
 //!   so that replies stay small), but the requests take pages alternately from both ends of the
-//!   view (`from_both_ends`): a sweep from the start and a partition from both ends then each
-//!   find their first pages early. Pages still on their way stay invalid: the application cannot
-//!   touch them.
+//!   pages fetched from each writer (`from_both_ends`): a sweep from the start and a partition
+//!   from both ends then each find their first pages early. Pages still on their way stay
+//!   invalid: the application cannot touch them. The runtime lets only views of one range
+//!   stream: a view declared in several parts (a transpose's comb of column blocks) is read
+//!   across all its parts at once, in an order no request order could follow, and waits for
+//!   them all (`Node::request_view`'s `stream`).
 //! - **Arriving.** A page whose writers have all answered is brought up to date as in any miss,
 //!   then made readable or, for a mutable view, twinned and made writable (a twin made ahead,
 //!   noticed at the interval's end only if the page changed), in runs for all the pages one
