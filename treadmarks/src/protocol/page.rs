@@ -866,11 +866,19 @@ impl<M: PageMemory> Node<M> {
                 if *left == 0 {
                     let mut pages = std::mem::take(&mut self.validated);
                     pages.sort_unstable();
-                    self.set_access_in_runs(pages, Access::Read);
                     let Pending::Validate { then_write, whole, .. } = std::mem::take(&mut self.pending)
                     else {
                         unreachable!("checked above")
                     };
+                    // The fetched pages the view writes are twinned while still unmapped and
+                    // mapped writable at once (made readable first, clearing their write
+                    // protection would leave on userfaultfd a read-only entry whose first write
+                    // faults in the kernel); the others are made readable.
+                    let writes = sorted(&then_write);
+                    let (to_twin, readable): (Vec<PageIdx>, Vec<PageIdx>) =
+                        pages.into_iter().partition(|p| writes.binary_search(p).is_ok());
+                    self.set_access_in_runs(readable, Access::Read);
+                    self.twin_ahead_of_writes(&to_twin);
                     self.twin_ahead(&then_write, &whole);
                     self.done.push_back(AppDone::Validated);
                 }

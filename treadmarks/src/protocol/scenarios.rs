@@ -1231,3 +1231,21 @@ fn a_streaming_mutable_view_twins_its_pages_as_they_arrive() {
     assert_eq!(net.nodes[0].stats().write_notices_made, 1);
     assert_ne!(net.nodes[1].mem().access(PageIdx(4)), Access::None);
 }
+
+#[test]
+fn a_mutable_view_maps_a_fetched_page_writable_in_one_change() {
+    let mut net = Net::new(2);
+    net.write(1, 2, 0, 7);
+    net.barrier();
+    assert_eq!(net.nodes[0].mem().access(PageIdx(2)), Access::None);
+    let before = net.nodes[0].mem().protection_changes(PageIdx(2));
+    net.nodes[0].request_validate(&[PageIdx(2), PageIdx(3)], true).unwrap();
+    net.settle();
+    assert_eq!(net.done(0), Some(AppDone::Validated));
+    // Twinned while unmapped, then made writable: not made readable first, whose write
+    // protection, cleared in place, leaves userfaultfd's entry read-only until a kernel fault.
+    assert_eq!(net.nodes[0].mem().access(PageIdx(2)), Access::ReadWrite);
+    assert!(net.nodes[0].page_meta(PageIdx(2)).twin.is_some());
+    assert_eq!(net.nodes[0].mem().protection_changes(PageIdx(2)) - before, 1);
+    assert_eq!(net.nodes[0].mem().app_read(PageIdx(2))[0], 7);
+}
