@@ -65,7 +65,7 @@ pub const PAGES_PER_REQUEST: usize = 256;
 /// Pages in the first request of a batch to one node; each further request names twice as many,
 /// up to [`PAGES_PER_REQUEST`]. The first reply comes back (and is applied) while the writer still
 /// diffs the rest, instead of after the writer has diffed a whole large request.
-const FIRST_REQUEST_PAGES: usize = 32;
+pub(crate) const FIRST_REQUEST_PAGES: usize = 32;
 
 /// `items` cut into requests of 32, 64, 128, then 256 pages.
 fn ramped<T>(mut items: &[T]) -> impl Iterator<Item = &[T]> {

@@ -47,10 +47,7 @@ use super::ProtocolError;
 use super::ids::PageIdx;
 use super::memory::{Access, PageMemory};
 use super::node::{AppDone, Node, Pending};
-
-/// Pages in each end's first request of a streaming fetch from one writer; each further request
-/// from that end names twice as many, up to `PAGES_PER_REQUEST` (`page.rs`).
-const FIRST_REQUEST_PAGES: usize = 32;
+use super::page::FIRST_REQUEST_PAGES;
 
 /// The state of this node's streaming views.
 #[derive(Debug, Default)]
@@ -65,7 +62,8 @@ pub(crate) struct StreamState {
 }
 
 /// `items` cut into requests taken alternately from the front and the back, each end's
-/// requests ramping from [`FIRST_REQUEST_PAGES`] by doubling up to `max`; each request lists
+/// requests ramping as a plain fetch's do (`page.rs`: from `FIRST_REQUEST_PAGES`, doubling) up
+/// to `max`; each request lists
 /// its items in ascending order. Every item is in exactly one request.
 pub(crate) fn from_both_ends<T>(items: &[T], max: usize) -> Vec<&[T]> {
     let (mut lo, mut hi) = (0, items.len());

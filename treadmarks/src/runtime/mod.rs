@@ -91,18 +91,6 @@ pub(crate) enum Reply {
 
 /// Starts `cmd` on `node`. Returns `Some` for a command that needs no completion (release);
 /// every other command completes through [`Node::poll_done`], possibly at once.
-/// [`Command::Validate`]: a plain validation, or with `write` one that may declare pages
-/// overwritten.
-fn request_validate(
-    node: &mut Node<HeapPages>,
-    pages: &[PageIdx],
-    write: bool,
-    whole: &[PageIdx],
-    stream: bool,
-) -> std::result::Result<(), crate::protocol::ProtocolError> {
-    node.request_view(pages, write, whole, stream)
-}
-
 pub(crate) fn start(
     node: &mut Node<HeapPages>,
     cmd: Command,
@@ -121,7 +109,7 @@ pub(crate) fn start(
         Command::Exit => node.request_exit()?,
         Command::Ping(peer) => node.request_ping(peer)?,
         Command::Validate { pages, write, whole, stream } => {
-            request_validate(node, &pages, write, &whole, stream)?
+            node.request_view(&pages, write, &whole, stream)?
         }
         Command::Stats | Command::Shutdown => unreachable!("answered by the engine"),
     }
@@ -296,7 +284,7 @@ impl Engine {
                         if !node.overwrites_locally(&pages, &whole) {
                             return Ok(None);
                         }
-                        request_validate(node, &pages, write, &whole, stream)?;
+                        node.request_view(&pages, write, &whole, stream)?;
                         Ok(Some(node.poll_done() == Some(AppDone::Validated)))
                     })?;
                     match here {
