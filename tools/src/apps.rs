@@ -1,5 +1,5 @@
-//! The applications the runner knows, with their small sizes (for quick runs) and the flag that
-//! counts their iterations (for per-iteration message counts).
+//! The applications the runner knows, with their small sizes (for quick runs), their iteration
+//! counts (for per-iteration message counts) and the target for each at 2 nodes.
 
 /// One application.
 #[derive(Debug)]
@@ -9,6 +9,8 @@ pub struct AppSpec {
     pub small: &'static [&'static str],
     /// Iterations at the default size, and at the small size, for iterative apps.
     pub iterations: Option<(u64, u64)>,
+    /// Most DSM time over threads time at 2 nodes (at the default size, on a 2-core machine).
+    pub target: f64,
 }
 
 /// Every app of the suite.
@@ -17,25 +19,38 @@ pub const ALL: &[AppSpec] = &[
         name: "sor",
         small: &["--rows", "500", "--cols", "500", "--iterations", "20"],
         iterations: Some((1000, 20)),
+        target: 1.3,
     },
     AppSpec {
         name: "jacobi3d",
         small: &["--nx", "64", "--ny", "64", "--nz", "32", "--iterations", "5"],
         iterations: Some((1000, 5)),
+        target: 1.3,
     },
-    AppSpec { name: "water", small: &["--molecules", "64", "--steps", "2"], iterations: Some((20, 2)) },
-    AppSpec { name: "barnes", small: &["--bodies", "1024", "--steps", "1"], iterations: Some((4, 1)) },
-    AppSpec { name: "tsp", small: &["--cities", "10"], iterations: None },
-    AppSpec { name: "qsort", small: &["--keys", "100000"], iterations: None },
+    AppSpec {
+        name: "water",
+        small: &["--molecules", "64", "--steps", "2"],
+        iterations: Some((20, 2)),
+        target: 1.3,
+    },
+    AppSpec {
+        name: "barnes",
+        small: &["--bodies", "1024", "--steps", "1"],
+        iterations: Some((4, 1)),
+        target: 2.0,
+    },
+    AppSpec { name: "tsp", small: &["--cities", "10"], iterations: None, target: 2.0 },
+    AppSpec { name: "qsort", small: &["--keys", "100000"], iterations: None, target: 2.0 },
     AppSpec {
         name: "is",
         small: &["--log2keys", "16", "--log2max", "12", "--iterations", "2"],
         iterations: Some((10, 2)),
+        target: 2.0,
     },
-    AppSpec { name: "fft", small: &["--log2n", "12"], iterations: None },
-    AppSpec { name: "lu", small: &["--size", "128", "--block", "16"], iterations: None },
-    AppSpec { name: "radix", small: &["--keys", "100000"], iterations: None },
-    AppSpec { name: "matmul", small: &["--size", "128"], iterations: None },
+    AppSpec { name: "fft", small: &["--log2n", "12"], iterations: None, target: 2.0 },
+    AppSpec { name: "lu", small: &["--size", "128", "--block", "16"], iterations: None, target: 1.3 },
+    AppSpec { name: "radix", small: &["--keys", "100000"], iterations: None, target: 2.0 },
+    AppSpec { name: "matmul", small: &["--size", "128"], iterations: None, target: 1.3 },
 ];
 
 /// The app called `name`.

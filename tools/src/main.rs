@@ -7,7 +7,9 @@
 //!
 //! For each app: `seq` once per repetition, then `threads` and `dsm` at every node count
 //! (`dsm` with `TMK_STATS=json`, whose per-node lines are added up). The median of the
-//! repetitions is reported. Output: a table on the terminal, `bench.json`, and two charts as SVG
+//! repetitions is reported. Output: a table on the terminal, with the targets checked
+//! at the default sizes (DSM within 5% of sequential at 1 node; DSM over threads at 2 nodes at
+//! most 1.3 or 2.0, per app) and summed up below it, `bench.json`, and two charts as SVG
 //! (`speedup.svg`: speedup over seq against nodes; `efficiency.svg`: DSM time / threads time per
 //! app), which need no fonts or libraries to render.
 #![forbid(unsafe_code)]
@@ -31,10 +33,11 @@ pub struct Plan {
     pub out: PathBuf,
 }
 
+const USAGE: &str =
+    "usage: tmk-bench [--apps a,b|all] [--nodes 1,2,4] [--reps N] [--small] [--bin DIR] [--out DIR]";
+
 fn usage(msg: &str) -> ! {
-    eprintln!(
-        "tmk-bench: {msg}\nusage: tmk-bench [--apps a,b|all] [--nodes 1,2,4] [--reps N] [--small] [--bin DIR] [--out DIR]"
-    );
+    eprintln!("tmk-bench: {msg}\n{USAGE}");
     std::process::exit(2);
 }
 
@@ -77,6 +80,10 @@ fn parse() -> Plan {
                 plan.reps = value().parse().ok().filter(|&r| r > 0).unwrap_or_else(|| usage("bad --reps"))
             }
             "--small" => plan.small = true,
+            "--help" | "-h" => {
+                println!("{USAGE}\napps: {}", apps::ALL.iter().map(|a| a.name).collect::<Vec<_>>().join(" "));
+                std::process::exit(0);
+            }
             "--bin" => plan.bin = PathBuf::from(value()),
             "--out" => plan.out = PathBuf::from(value()),
             other => usage(&format!("unknown argument {other:?}")),
@@ -94,7 +101,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    print!("{}", report::table(&results));
+    print!("{}{}", report::table(&results), report::summary(&results));
     if let Err(e) = report::write_files(&plan.out, &results) {
         eprintln!("tmk-bench: cannot write results to {}: {e}", plan.out.display());
         return ExitCode::FAILURE;

@@ -21,6 +21,45 @@ fn fmt_ratio(r: Option<f64>) -> String {
     r.map_or("-".into(), |r| format!("{r:.2}"))
 }
 
+/// Most DSM time over sequential time at one node: nobody to share with should cost nothing.
+pub const ONE_NODE_LIMIT: f64 = 1.05;
+
+/// One of the issue's targets for a cell, with the ratio measured against it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Target {
+    /// What the DSM time is divided by: `"seq"` (one node) or `"threads"` (two nodes).
+    pub over: &'static str,
+    pub limit: f64,
+    pub ratio: f64,
+}
+
+impl Target {
+    pub fn met(&self) -> bool {
+        self.ratio <= self.limit
+    }
+}
+
+/// The issue's target for `r` at `n` nodes and how it fared: DSM time over sequential time at one
+/// node, over threads time at two. None at other node counts, for small runs (the targets are
+/// for the default sizes), or without both times (failed runs).
+pub fn target(r: &AppResult, n: usize) -> Option<Target> {
+    if r.small {
+        return None;
+    }
+    let dsm = r.dsm.get(&n)?.secs;
+    match n {
+        1 => Some(Target { over: "seq", limit: ONE_NODE_LIMIT, ratio: ratio(dsm, r.seq.secs)? }),
+        2 => {
+            Some(Target { over: "threads", limit: r.app.target, ratio: ratio(dsm, r.threads.get(&n)?.secs)? })
+        }
+        _ => None,
+    }
+}
+
+fn fmt_target(t: Option<Target>) -> String {
+    t.map_or("-".into(), |t| format!("<={:.2} {}", t.limit, if t.met() { "met" } else { "MISS" }))
+}
+
 /// Iterations of the run, for per-iteration message counts.
 fn iterations(r: &AppResult) -> Option<u64> {
     r.app.iterations.map(|(default, small)| if r.small { small } else { default })
@@ -31,7 +70,7 @@ pub fn table(results: &[AppResult]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<9} {:>2} {:>8} {:>8} {:>8} {:>7} {:>9} {:>9} {:>11} {:>9} {:>7} {:>8} {:>9} {:>9}",
+        "{:<9} {:>2} {:>8} {:>8} {:>8} {:>7} {:>9} {:>11} {:>9} {:>11} {:>9} {:>7} {:>8} {:>9} {:>9}",
         "app",
         "n",
         "seq s",
@@ -39,6 +78,7 @@ pub fn table(results: &[AppResult]) -> String {
         "dsm s",
         "speedup",
         "dsm/thr",
+        "target",
         "msgs",
         "bytes",
         "msgs/iter",
@@ -54,7 +94,7 @@ pub fn table(results: &[AppResult]) -> String {
             let per_iter = iterations(r).map_or("-".into(), |i| format!("{:.0}", msgs / i as f64));
             let _ = writeln!(
                 s,
-                "{:<9} {:>2} {:>8} {:>8} {:>8} {:>7} {:>9} {:>9.0} {:>11.0} {:>9} {:>7.0} {:>8.0} {:>9.1} {:>9.1}",
+                "{:<9} {:>2} {:>8} {:>8} {:>8} {:>7} {:>9} {:>11} {:>9.0} {:>11.0} {:>9} {:>7.0} {:>8.0} {:>9.1} {:>9.1}",
                 r.app.name,
                 n,
                 secs(&r.seq),
@@ -62,6 +102,7 @@ pub fn table(results: &[AppResult]) -> String {
                 secs(dsm),
                 fmt_ratio(ratio(r.seq.secs, dsm.secs)),
                 fmt_ratio(ratio(dsm.secs, thr.secs)),
+                fmt_target(target(r, n)),
                 msgs,
                 stat(dsm, "bytes_sent"),
                 per_iter,
@@ -74,6 +115,36 @@ pub fn table(results: &[AppResult]) -> String {
         if r.failures > 0 {
             let _ = writeln!(s, "{:<9}    {} FAILED RUNS", r.app.name, r.failures);
         }
+    }
+    s
+}
+
+/// One line per node count with targets: how many were met, and the ratios of those missed.
+/// Empty when no cell has a target (small runs, other node counts).
+pub fn summary(results: &[AppResult]) -> String {
+    let mut s = String::new();
+    for (n, what) in [(1, "DSM/seq"), (2, "DSM/threads")] {
+        let targets: Vec<(&str, Target)> =
+            results.iter().filter_map(|r| Some((r.app.name, target(r, n)?))).collect();
+        if targets.is_empty() {
+            continue;
+        }
+        let missed: Vec<String> = targets
+            .iter()
+            .filter(|(_, t)| !t.met())
+            .map(|(app, t)| format!("{app} {:.2} (<= {:.2})", t.ratio, t.limit))
+            .collect();
+        let met = targets.len() - missed.len();
+        let _ = write!(
+            s,
+            "targets at {n} node{}, {what}: {met} of {} met",
+            if n == 1 { "" } else { "s" },
+            targets.len()
+        );
+        if !missed.is_empty() {
+            let _ = write!(s, "; missed: {}", missed.join(", "));
+        }
+        s.push('\n');
     }
     s
 }
@@ -94,6 +165,12 @@ fn json(results: &[AppResult]) -> serde_json::Value {
                         "dsm": cell(dsm),
                         "speedup": ratio(r.seq.secs, dsm.secs),
                         "dsm_over_threads": ratio(dsm.secs, thr.secs),
+                        "target": target(r, *n).map(|t| serde_json::json!({
+                            "dsm_over": t.over,
+                            "limit": t.limit,
+                            "ratio": t.ratio,
+                            "met": t.met(),
+                        })),
                         "msgs_per_iteration": iterations(r).map(|i| stat(dsm, "msgs_sent") / i as f64),
                     })
                 })
@@ -144,4 +221,81 @@ pub fn write_files(out: &Path, results: &[AppResult]) -> std::io::Result<()> {
         svg::bars("DSM time / threads time (lower is better)", &groups, &bars),
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apps;
+    use std::collections::BTreeMap;
+
+    fn cell(secs: f64) -> Cell {
+        Cell { secs: Some(secs), stats: BTreeMap::new() }
+    }
+
+    /// `app` timed at 1 and 2 nodes: sequential `seq`, then (threads, DSM) per node count.
+    fn result(app: &str, small: bool, seq: f64, runs: &[(usize, f64, f64)]) -> AppResult {
+        AppResult {
+            app: apps::find(app).expect("a known app"),
+            small,
+            seq: cell(seq),
+            threads: runs.iter().map(|&(n, t, _)| (n, cell(t))).collect(),
+            dsm: runs.iter().map(|&(n, _, d)| (n, cell(d))).collect(),
+            failures: 0,
+            detail: String::new(),
+        }
+    }
+
+    #[test]
+    fn targets_are_dsm_over_seq_at_one_node_and_over_threads_at_two() {
+        let r = result("water", false, 1.0, &[(1, 1.0, 1.04), (2, 0.5, 0.7), (4, 0.3, 0.9)]);
+        let one = target(&r, 1).expect("a target at 1 node");
+        assert_eq!((one.over, one.limit), ("seq", ONE_NODE_LIMIT));
+        assert!((one.ratio - 1.04).abs() < 1e-9 && one.met());
+        let two = target(&r, 2).expect("a target at 2 nodes");
+        assert_eq!((two.over, two.limit), ("threads", 1.3));
+        assert!((two.ratio - 1.4).abs() < 1e-9 && !two.met());
+        assert_eq!(target(&r, 4), None, "no target at 4 nodes");
+        let radix = result("radix", false, 1.0, &[(2, 0.5, 0.99)]);
+        assert!(target(&radix, 2).expect("a target").met(), "radix's target is 2.0");
+    }
+
+    #[test]
+    fn small_runs_and_failed_cells_have_no_target() {
+        let small = result("sor", true, 1.0, &[(1, 1.0, 1.0), (2, 0.5, 0.6)]);
+        assert_eq!((target(&small, 1), target(&small, 2)), (None, None));
+        let mut failed = result("sor", false, 1.0, &[(1, 1.0, 1.0), (2, 0.5, 0.6)]);
+        failed.dsm.insert(2, Cell::default());
+        assert_eq!(target(&failed, 2), None);
+        assert!(summary(&[small]).is_empty());
+    }
+
+    #[test]
+    fn the_table_marks_each_target_and_the_summary_names_the_misses() {
+        let results = [
+            result("sor", false, 1.0, &[(1, 1.0, 1.01), (2, 0.5, 0.6)]),
+            result("water", false, 1.0, &[(1, 1.0, 1.2), (2, 0.5, 0.75)]),
+        ];
+        let t = table(&results);
+        let row = |app: &str, n: &str| {
+            t.lines()
+                .find(|l| l.split_whitespace().take(2).eq([app, n]))
+                .unwrap_or_else(|| panic!("no row for {app} at {n} in\n{t}"))
+                .to_string()
+        };
+        assert!(row("sor", "1").contains("<=1.05 met"), "{t}");
+        assert!(row("sor", "2").contains("<=1.30 met"), "{t}");
+        assert!(row("water", "1").contains("<=1.05 MISS"), "{t}");
+        assert!(row("water", "2").contains("<=1.30 MISS"), "{t}");
+        let s = summary(&results);
+        assert_eq!(
+            s,
+            "targets at 1 node, DSM/seq: 1 of 2 met; missed: water 1.20 (<= 1.05)\n\
+             targets at 2 nodes, DSM/threads: 1 of 2 met; missed: water 1.50 (<= 1.30)\n"
+        );
+        let j = json(&results);
+        let water_two = &j["apps"][1]["runs"][1]["target"];
+        assert_eq!(water_two["dsm_over"], "threads");
+        assert_eq!(water_two["met"], false);
+    }
 }

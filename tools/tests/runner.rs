@@ -1,0 +1,102 @@
+//! `tmk-bench` end to end: small runs of two apps at 1 and 2 nodes, their table, JSON and charts;
+//! and its refusals. The apps are the workspace's release binaries next to `tmk-bench` (built by
+//! `cargo test --workspace --release`, or `cargo build --release`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn bench() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_tmk-bench"))
+}
+
+fn text(out: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+/// A fresh directory for one test's output, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("tmk-bench-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn small_runs_give_a_table_json_and_charts() {
+    let bin = Path::new(env!("CARGO_BIN_EXE_tmk-bench")).parent().expect("a directory").to_path_buf();
+    for app in ["sor", "qsort"] {
+        assert!(
+            bin.join(app).exists(),
+            "{app} is not built next to tmk-bench: run `cargo build --release` first"
+        );
+    }
+    let out_dir = Scratch::new("small");
+    let out = bench()
+        .args(["--small", "--apps", "sor,qsort", "--nodes", "1,2", "--reps", "1", "--out"])
+        .arg(&out_dir.0)
+        .output()
+        .expect("tmk-bench runs");
+    let all = text(&out);
+    assert!(out.status.success(), "{all}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for (app, n) in [("sor", "1"), ("sor", "2"), ("qsort", "1"), ("qsort", "2")] {
+        let row = stdout.lines().find(|l| l.split_whitespace().take(2).eq([app, n]));
+        let row = row.unwrap_or_else(|| panic!("no row for {app} at {n} nodes in\n{all}"));
+        // Small sizes are not what the targets are for: no verdict, and no summary.
+        assert!(row.split_whitespace().nth(7) == Some("-"), "{row}");
+    }
+    assert!(!stdout.contains("targets at"), "{all}");
+    assert!(!stdout.contains("FAILED"), "{all}");
+
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out_dir.0.join("bench.json")).expect("bench.json written"))
+            .expect("bench.json is JSON");
+    let apps = json["apps"].as_array().expect("an array of apps");
+    assert_eq!(apps.iter().map(|a| a["app"].as_str().unwrap_or("")).collect::<Vec<_>>(), ["sor", "qsort"]);
+    for a in apps {
+        assert_eq!(a["failures"], 0, "{a}");
+        assert!(a["seq"]["secs"].as_f64().is_some_and(|s| s > 0.0), "{a}");
+        let runs = a["runs"].as_array().expect("runs");
+        assert_eq!(runs.iter().map(|r| r["nodes"].as_u64().unwrap_or(0)).collect::<Vec<_>>(), [1, 2]);
+        for r in runs {
+            assert!(r["dsm_over_threads"].as_f64().is_some_and(|x| x > 0.0), "{r}");
+            assert!(r["target"].is_null(), "{r}");
+        }
+        // Two nodes talk; the statistics of both are summed.
+        assert!(runs[1]["dsm"]["stats"]["msgs_sent"].as_f64().is_some_and(|m| m > 0.0), "{a}");
+    }
+    for chart in ["speedup.svg", "efficiency.svg"] {
+        let svg = std::fs::read_to_string(out_dir.0.join(chart)).expect("chart written");
+        assert!(svg.contains("<svg") && svg.trim_end().ends_with("</svg>"), "{chart}");
+        assert!(svg.contains("sor") && svg.contains("qsort"), "{chart} names the apps");
+    }
+}
+
+#[test]
+fn bad_arguments_and_missing_apps_are_refused_by_name() {
+    let out = bench().args(["--apps", "sor,nosuch"]).output().expect("tmk-bench runs");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("unknown app \"nosuch\""), "{}", text(&out));
+
+    let out = bench().args(["--nodes", "0"]).output().expect("tmk-bench runs");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("bad node count \"0\""), "{}", text(&out));
+
+    let empty = Scratch::new("nobin");
+    std::fs::create_dir_all(&empty.0).expect("scratch directory");
+    let out = bench().args(["--apps", "sor", "--bin"]).arg(&empty.0).output().expect("tmk-bench runs");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("sor not found"), "{}", text(&out));
+
+    let out = bench().arg("--help").output().expect("tmk-bench runs");
+    assert!(out.status.success() && text(&out).contains("usage: tmk-bench"), "{}", text(&out));
+}
