@@ -1,4 +1,5 @@
-//! The runner's output: a terminal table, `bench.json` and the charts.
+//! The runner's output: a terminal table with the targets checked and summed up,
+//! `bench.json` and the charts.
 
 use crate::run::{AppResult, Cell};
 use crate::svg;
@@ -34,6 +35,7 @@ pub struct Target {
 }
 
 impl Target {
+    /// The ratio is within the limit.
     pub fn met(&self) -> bool {
         self.ratio <= self.limit
     }
@@ -233,7 +235,8 @@ mod tests {
         Cell { secs: Some(secs), stats: BTreeMap::new() }
     }
 
-    /// `app` timed at 1 and 2 nodes: sequential `seq`, then (threads, DSM) per node count.
+    /// `app` at the default size (or `small`): sequential time `seq`, and `(nodes, threads time,
+    /// DSM time)` per node count.
     fn result(app: &str, small: bool, seq: f64, runs: &[(usize, f64, f64)]) -> AppResult {
         AppResult {
             app: apps::find(app).expect("a known app"),
