@@ -353,9 +353,9 @@ impl Tmk {
         parts: impl IntoIterator<Item = Range<usize>>,
     ) -> Result<View<'_, T>> {
         let view = self.borrows.view(&self.heap, h)?;
-        let parts: Vec<Range<usize>> = parts.into_iter().collect();
-        let stream = parts.len() == 1;
-        self.validate(self.pages_of_parts(h, parts, Heap::invalid_pages)?, false, Vec::new(), stream)?;
+        let mut count = 0;
+        let pages = self.pages_of_parts(h, parts.into_iter().inspect(|_| count += 1), Heap::invalid_pages)?;
+        self.validate(pages, false, Vec::new(), count == 1)?;
         Ok(view)
     }
 

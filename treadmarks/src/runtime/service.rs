@@ -22,7 +22,7 @@
 use super::{Command, Mailbox, Reply, SharedNode, lock_node, start};
 use crate::error::Error;
 use crate::mem::{FaultKind, Heap, HeapPages, register_service_fd};
-use crate::protocol::{AppDone, Message, Node, NodeId, decode_sharing};
+use crate::protocol::{AppDone, Message, Node, NodeId, ProtocolError, decode_sharing};
 use crate::stats::Stats;
 use crate::transport::{CloseCause, LinkEvent, Links, Mesh, codec};
 use std::panic::AssertUnwindSafe;
@@ -335,12 +335,18 @@ impl Service {
                     return;
                 }
                 let started = start(&mut self.node(), cmd);
-                match started {
-                    Ok(Some(r)) => self.reply(Ok(r)),
-                    Ok(None) => {}
-                    Err(e) => self.reply(Err(e.into())),
-                }
+                self.answer_started(started);
             }
+        }
+    }
+
+    /// Answers a command [`start`] began: at once if it needed no completion, with its error
+    /// if it failed; otherwise its completion answers later.
+    fn answer_started(&mut self, started: Result<Option<Reply>, ProtocolError>) {
+        match started {
+            Ok(Some(r)) => self.reply(Ok(r)),
+            Ok(None) => {}
+            Err(e) => self.reply(Err(e.into())),
         }
     }
 
@@ -409,11 +415,7 @@ impl Service {
                 AppDone::Settled => {
                     let cmd = self.after_settle.take().expect("a settle only before a synchronization");
                     started = true;
-                    match start(node, cmd) {
-                        Ok(Some(r)) => self.reply(Ok(r)),
-                        Ok(None) => {}
-                        Err(e) => self.reply(Err(e.into())),
-                    }
+                    self.answer_started(start(node, cmd));
                 }
                 AppDone::FaultResolved(_) => {
                     if let App::InFault(t) = self.app {
