@@ -580,6 +580,46 @@ fn a_page_read_last_epoch_has_its_next_diffs_pushed_until_it_goes_unread() {
 }
 
 #[test]
+fn a_push_is_kept_unused_for_three_epochs() {
+    use super::push::PUSH_EPOCHS;
+    use MsgKind::*;
+    assert_eq!(PUSH_EPOCHS, 3);
+    // Like water's energy sums: node 0 writes the page just before a step's last barrier, and
+    // node 1 reads it two barriers later. The push serves the read.
+    let mut net = Net::new(2);
+    net.write(0, 1, 0, 1);
+    net.barrier();
+    assert_eq!(net.read(1, 1, 0), 1);
+    net.write(0, 1, 0, 2);
+    let t = net.log.len();
+    net.barrier(); // pushed
+    net.barrier();
+    net.barrier();
+    assert_eq!(net.read(1, 1, 0), 2);
+    assert_eq!(net.count(t, 1, 0, DiffRequest), 0, "the push served the read");
+    assert_eq!(net.count(t, 1, 0, Unsubscribe), 0);
+    assert_eq!(net.nodes[1].stats().pushes_used, 1);
+
+    // Unread, it goes at the end of its third epoch, and node 1 unsubscribes.
+    let mut net = Net::new(2);
+    net.write(0, 1, 0, 1);
+    net.barrier();
+    assert_eq!(net.read(1, 1, 0), 1);
+    net.write(0, 1, 0, 2);
+    let t = net.log.len();
+    net.barrier(); // pushed
+    net.barrier();
+    net.barrier();
+    assert_eq!(net.count(t, 1, 0, Unsubscribe), 0, "kept for three epochs");
+    net.barrier();
+    assert_eq!(net.count(t, 1, 0, Unsubscribe), 1, "dropped after them");
+    assert_eq!(net.nodes[1].stats().pushes_wasted, 1);
+    let t = net.log.len();
+    assert_eq!(net.read(1, 1, 0), 2);
+    assert_eq!(net.count(t, 1, 0, DiffRequest), 1, "fetched as usual");
+}
+
+#[test]
 fn a_page_read_every_other_epoch_uses_its_pushes_chained() {
     use MsgKind::*;
     let mut net = Net::new(2);
