@@ -60,6 +60,10 @@ impl TwinRing {
     /// Pops every page queued when the drain starts, calling `f` on each. Panics if two threads
     /// drain at once (a bug in the caller: the runtime drains only while it holds the node).
     pub(super) fn drain(&self, mut f: impl FnMut(PageIdx)) {
+        // Nothing queued (most drains: every lock operation drains first): no read-modify-write.
+        if self.head.load(Ordering::Relaxed) == self.tail.load(Ordering::Acquire) {
+            return;
+        }
         assert!(
             !self.draining.swap(true, Ordering::Acquire),
             "Heap::drain_fast_twins called from two threads at once (drain only while holding the node)"

@@ -129,6 +129,28 @@ impl<M: PageMemory> Node<M> {
             && self.locks.get(lock.idx()).is_some_and(|st| st.token && !st.held)
     }
 
+    /// Acquires `lock` at once if [`Node::token_here`] says it can, and returns whether it did:
+    /// [`Node::request_acquire`] without a completion to poll (the application thread runs it
+    /// itself, on every lock operation of a walk like water's).
+    pub fn acquire_if_here(&mut self, lock: LockId) -> Result<bool, ProtocolError> {
+        self.check_lock(lock)?;
+        if !self.token_here(lock) {
+            return Ok(false);
+        }
+        self.warn_if_collection_overdue();
+        self.lock_history.record(lock);
+        self.take_token_here(lock);
+        Ok(true)
+    }
+
+    /// The application takes `lock`, whose token is here.
+    fn take_token_here(&mut self, lock: LockId) {
+        self.locks[lock.idx()].held = true;
+        self.stats.lock_acquires_local += 1;
+        self.held_locks.push(lock);
+        self.interval_locks.push(lock);
+    }
+
     /// The application acquires `lock`; completes with [`AppDone::Acquired`].
     pub fn request_acquire(&mut self, lock: LockId) -> Result<(), ProtocolError> {
         self.check_lock(lock)?;
@@ -137,18 +159,15 @@ impl<M: PageMemory> Node<M> {
         if self.locks[lock.idx()].held {
             return Err(ProtocolError::AlreadyHeld { lock });
         }
-        let here = self.locks[lock.idx()].token;
-        let wish = if here { Vec::new() } else { self.lock_history.wish(lock) };
-        self.lock_history.record(lock);
-        let st = &mut self.locks[lock.idx()];
-        if st.token {
-            st.held = true;
-            self.stats.lock_acquires_local += 1;
-            self.held_locks.push(lock);
-            self.interval_locks.push(lock);
+        if self.locks[lock.idx()].token {
+            self.lock_history.record(lock);
+            self.take_token_here(lock);
             self.done.push_back(AppDone::Acquired(lock));
             return Ok(());
         }
+        let wish = self.lock_history.wish(lock);
+        self.lock_history.record(lock);
+        let st = &mut self.locks[lock.idx()];
         st.requested = true;
         st.requests = st.requests.wrapping_add(1);
         let seq = st.requests;
@@ -160,8 +179,24 @@ impl<M: PageMemory> Node<M> {
     }
 
     /// The application releases `lock`: ends the interval, and passes the lock on if somebody
-    /// asked for it.
+    /// asked for it. Handed to another thread (the service thread, once the job failed), so the
+    /// application may be writing already.
     pub fn request_release(&mut self, lock: LockId) -> Result<(), ProtocolError> {
+        self.release(lock, false)
+    }
+
+    /// [`Node::request_release`] run by the application thread itself, inside its call into the
+    /// runtime: nothing writes a page meanwhile, so the interval closes as under an acquire or a
+    /// barrier, comparing its renewed twins without freezing their pages first (a protection
+    /// change per run of them each way: water's release of the energy lock, after `correct`
+    /// rewrote its 18 molecule pages through a view that twinned them ahead, took ~52 µs,
+    /// while the other node's request for the lock waited on it).
+    pub fn release_here(&mut self, lock: LockId) -> Result<(), ProtocolError> {
+        self.release(lock, true)
+    }
+
+    /// A release; `app_inside`: the application thread runs it (see [`Node::release_here`]).
+    fn release(&mut self, lock: LockId, app_inside: bool) -> Result<(), ProtocolError> {
         self.check_lock(lock)?;
         self.begin("release")?;
         if !self.locks[lock.idx()].held {
@@ -169,22 +204,24 @@ impl<M: PageMemory> Node<M> {
         }
         self.locks[lock.idx()].held = false;
         self.held_locks.retain(|&l| l != lock);
-        // Releases do not wait for the runtime: the application may be writing already.
-        self.close_interval(false);
+        self.close_interval(app_inside);
         if let Some(ask) = self.locks[lock.idx()].next.take() {
-            self.grant(lock, ask);
+            self.grant(lock, ask, app_inside);
         }
         self.deliver_local()
     }
 
-    fn grant(&mut self, lock: LockId, ask: LockAsk) {
+    /// Grants `lock` to `ask`; `blocked`: nothing writes a page meanwhile (the application
+    /// waits inside a call, or runs this release itself), so twins are cut without revoking
+    /// write access first (`Node::serve_diff_request`).
+    fn grant(&mut self, lock: LockId, ask: LockAsk, blocked: bool) {
         self.locks[lock.idx()].token = false;
         let to = ask.requester;
         let bundled = self.bundle(lock, to, &ask.wish);
         let intervals = self.log.newer_than(&ask.vt);
         let mut locks = bundled.clone();
         locks.push(lock);
-        let diffs = self.diffs_for_grant(to, &locks, &ask.vt, &intervals);
+        let diffs = self.diffs_for_grant(to, &locks, &ask.vt, &intervals, blocked);
         self.outbox.push_back((to, Message::LockGrant { lock, intervals, diffs, bundled }));
     }
 
@@ -247,13 +284,14 @@ impl<M: PageMemory> Node<M> {
     /// order; the twins are cut [`GRANT_CUT_BATCH`] pages at a time, so those of pages more than
     /// a batch past the limit are not cut (cutting every candidate's made qsort, whose
     /// task-queue grants name most of the pages a node sorts, 50% slower in write faults).
-    /// Beyond the limit the acquirer fetches as usual.
+    /// Beyond the limit the acquirer fetches as usual. `blocked`: as for [`Node::grant`].
     fn diffs_for_grant(
         &mut self,
         to: NodeId,
         locks: &[LockId],
         vt: &VectorTime,
         intervals: &[IntervalRecord],
+        blocked: bool,
     ) -> Vec<UnaskedDiffs> {
         let ours: Vec<&IntervalRecord> = intervals.iter().filter(|r| r.node == self.me).collect();
         let began_under_lock = |first: IntervalIdx| {
@@ -288,7 +326,7 @@ impl<M: PageMemory> Node<M> {
             // may need: cutting every candidate's made qsort's grants far slower.
             if i % GRANT_CUT_BATCH == 0 {
                 let batch = candidates[i..].iter().take(GRANT_CUT_BATCH).map(|c| (c.1, closed));
-                self.cut_for_serving(batch, self.app_blocked());
+                self.cut_for_serving(batch, blocked);
             }
             let diffs = self.serve_diffs(p, closed, after_seq).diffs;
             bytes += diffs.iter().map(|d| d.diff.encoded_len()).sum::<usize>();
@@ -350,7 +388,7 @@ impl<M: PageMemory> Node<M> {
         let st = &mut self.locks[lock.idx()];
         let after_our_request = st.requested && tail == Some(st.requests);
         if st.token && !st.held {
-            self.grant(lock, ask);
+            self.grant(lock, ask, self.app_blocked());
         } else if (st.token || after_our_request) && st.next.is_none() {
             st.next = Some(ask);
         } else if !st.token && !after_our_request && manager != self.me {

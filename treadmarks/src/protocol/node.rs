@@ -416,10 +416,11 @@ impl<M: PageMemory> Node<M> {
     /// every other interval (the two grids of Jacobi, SOR's red and black arrays, whose boundary
     /// pages a push cuts and renews every time) so keeps its twin, instead of being
     /// write-protected at one close and twinned again by the next view. When the application is
-    /// `blocked` (an acquire or a barrier) nothing writes the page meanwhile. At a release the
-    /// application is already running again and may be writing it, so those pages are frozen
-    /// first, one protection change per run (a write waits in the slow path until the interval is
-    /// closed), and changed and kept ones are made writable again. Noticing them unseen instead
+    /// `blocked` (an acquire, a barrier, or a release it runs itself: `Node::release_here`)
+    /// nothing writes the page meanwhile. At a release handed to another thread the application
+    /// is already running again and may be writing it, so those pages are frozen first, one
+    /// protection change per run (a write waits in the slow path until the interval is closed),
+    /// and changed and kept ones are made writable again. Noticing them unseen instead
     /// cost qsort a notice for every page a node had served: 1,024 pages invalidated, cut and
     /// asked for again by the next acquirer of the queue's lock, for nothing.
     pub(crate) fn close_interval(&mut self, blocked: bool) {

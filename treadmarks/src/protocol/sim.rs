@@ -341,13 +341,29 @@ impl Sim {
                 sn.blocked = true;
                 self.core(i, |n| n.request_settle());
             }
+            Op::Acquire(l) if sn.node.token_here(l) && self.rng.chance(50) => {
+                // As the runtime does on the application thread: done at once, no completion.
+                let mut took = false;
+                self.core(i, |n| n.acquire_if_here(l).map(|t| took = t));
+                assert!(
+                    took,
+                    "seed {seed}: node {i}: the token of {l} is here but the acquire did not complete"
+                );
+                self.nodes[i].pc += 1;
+            }
             Op::Acquire(l) => {
                 sn.blocked = true;
                 self.core(i, |n| n.request_acquire(l));
             }
             Op::Release(l) => {
                 sn.pc += 1;
-                self.core(i, |n| n.request_release(l));
+                // The runtime runs releases on the application thread (`release_here`), and on
+                // the service thread once the job failed.
+                if self.rng.chance(50) {
+                    self.core(i, |n| n.release_here(l));
+                } else {
+                    self.core(i, |n| n.request_release(l));
+                }
             }
             Op::Barrier(b) => {
                 sn.blocked = true;

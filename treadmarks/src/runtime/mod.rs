@@ -154,16 +154,20 @@ pub(crate) enum Engine {
 
 impl Engine {
     /// Acquires `lock` on the application thread if its token is here (no message, nothing to
-    /// wait for); `None` if it is not, or in a one-node job (where [`Engine::call`] does it).
-    pub fn acquire_here(&mut self, lock: LockId) -> Result<Option<AppDone>> {
+    /// wait for), and returns whether it did; false in a one-node job (where [`Engine::call`]
+    /// does it).
+    pub fn acquire_here(&mut self, lock: LockId) -> Result<bool> {
         match self {
-            Engine::Local { .. } => Ok(None),
+            Engine::Local { .. } => Ok(false),
             Engine::Remote { mailbox, node, heap, .. } => {
-                let reply = Self::lock_here(mailbox, node, heap, &Command::Acquire(lock))?;
-                Ok(reply.map(|r| match r {
-                    Reply::Done(done) => done,
-                    other => unreachable!("an acquire answered with {other:?}"),
-                }))
+                if mailbox.failed.load(Ordering::Acquire) {
+                    return Ok(false);
+                }
+                let here = Self::on_app_thread(mailbox, node, heap, |node| node.acquire_if_here(lock))?;
+                if here {
+                    mailbox.lock_ops_here.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(here)
             }
         }
     }
@@ -224,44 +228,23 @@ impl Engine {
         }
     }
 
-    /// Runs a release, or an acquire whose token this node holds, on the application thread, and
-    /// counts it (`lock_ops_here`); `None` for anything else (a command for the service thread).
+    /// Runs a release on the application thread, and counts it (`lock_ops_here`); `None` for
+    /// anything else (a command for the service thread; acquires whose token is here go through
+    /// [`Engine::acquire_here`]).
     fn lock_here(
         mailbox: &Mailbox,
         node: &Mutex<Node<HeapPages>>,
         heap: &Heap,
         cmd: &Command,
     ) -> Result<Option<Reply>> {
-        let (lock, release) = match *cmd {
-            Command::Acquire(l) => (l, false),
-            Command::Release(l) => (l, true),
-            _ => return Ok(None),
-        };
+        let Command::Release(lock) = *cmd else { return Ok(None) };
         if mailbox.failed.load(Ordering::Acquire) {
             return Ok(None);
         }
-        let here = Self::on_app_thread(mailbox, node, heap, |node| -> Result<Option<Reply>> {
-            if release {
-                // A waiting acquirer gets its grant from the service thread, which sends it.
-                node.request_release(lock)?;
-                return Ok(Some(Reply::Released));
-            }
-            if !node.token_here(lock) {
-                return Ok(None);
-            }
-            node.request_acquire(lock)?;
-            let done = node.poll_done();
-            assert_eq!(
-                done,
-                Some(AppDone::Acquired(lock)),
-                "an acquire with the token here completes at once"
-            );
-            Ok(done.map(Reply::Done))
-        })?;
-        if here.is_some() {
-            mailbox.lock_ops_here.fetch_add(1, Ordering::Relaxed);
-        }
-        Ok(here)
+        // A waiting acquirer gets its grant from the service thread, which sends it.
+        Self::on_app_thread(mailbox, node, heap, |node| node.release_here(lock))?;
+        mailbox.lock_ops_here.fetch_add(1, Ordering::Relaxed);
+        Ok(Some(Reply::Released))
     }
 
     /// Brings `pages` up to date before a view of them is used. Needs no `&mut`: the
