@@ -39,6 +39,7 @@ fn params(nprocs: u16, full: bool) -> Result<Params> {
         barrier: 10_000 / scale / big,
         diff_miss: 4000 / scale / big,
         settled: 1000 / scale / big,
+        local_lock: 2000 / scale,
         page_size: faults::page_size()? as u64,
     })
 }

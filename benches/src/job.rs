@@ -9,6 +9,7 @@
 //! | `lock` | `lock_acquire(1)` with the token at node 1, lock 1's manager (1 request, 1 grant) |
 //! | `barrier` | `barrier(0)`, back to back |
 //! | `diff_miss` | the first read of a page node 1 wrote before the last barrier (1 diff fetched) |
+//! | `local_lock` | `lock_acquire(0)` + `lock_release(0)` with the token at node 0, per pair (batches of [`LOCAL_BATCH`]) |
 
 use crate::Result;
 use crate::summary::Summary;
@@ -21,6 +22,10 @@ use treadmarks::{Shared, Stats, Tmk};
 
 /// The lock of the `lock` figure: its manager is node `1 % nprocs` = node 1.
 pub const LOCK: u32 = 1;
+/// The lock of the `local_lock` figure: node 0 manages it and nobody else takes it.
+pub const LOCAL_LOCK: u32 = 0;
+/// Lock and release pairs per `local_lock` sample (one pair is too short to time alone).
+pub const LOCAL_BATCH: u32 = 1000;
 const BARRIER: u32 = 0;
 const RAW_MSG: usize = 64;
 /// Bound on any single blocking socket operation of the raw round trip (and on node 1's connect).
@@ -43,11 +48,13 @@ pub struct Params {
     pub barrier: u64,
     pub diff_miss: u64,
     pub settled: u64,
+    /// Samples (batches) of the `local_lock` figure.
+    pub local_lock: u64,
     pub page_size: u64,
 }
 
 impl Params {
-    fn to_array(self) -> [u64; 9] {
+    fn to_array(self) -> [u64; 10] {
         [
             self.rounds,
             self.warmup,
@@ -57,13 +64,14 @@ impl Params {
             self.barrier,
             self.diff_miss,
             self.settled,
+            self.local_lock,
             self.page_size,
         ]
     }
 
-    fn from_array(a: [u64; 9]) -> Params {
-        let [rounds, warmup, raw_rtt, ping, lock, barrier, diff_miss, settled, page_size] = a;
-        Params { rounds, warmup, raw_rtt, ping, lock, barrier, diff_miss, settled, page_size }
+    fn from_array(a: [u64; 10]) -> Params {
+        let [rounds, warmup, raw_rtt, ping, lock, barrier, diff_miss, settled, local_lock, page_size] = a;
+        Params { rounds, warmup, raw_rtt, ping, lock, barrier, diff_miss, settled, local_lock, page_size }
     }
 
     /// Iterations per round of a figure with `total` iterations.
@@ -284,6 +292,9 @@ pub struct JobReport {
     /// has to wake a sleeping thread (and, in a VM, maybe a halted vCPU).
     pub lock_settled: Figure,
     pub diff_miss_settled: Figure,
+    /// Per lock and release pair with the token here, no message (what a lock walk like water's
+    /// costs per lock beyond its own work).
+    pub local_lock: Summary,
     pub nodes: Vec<NodeTotals>,
 }
 
@@ -299,7 +310,7 @@ impl JobReport {
     }
 
     /// The timed figures by name.
-    pub fn summaries(&self) -> [(&'static str, Summary); 7] {
+    pub fn summaries(&self) -> [(&'static str, Summary); 8] {
         [
             ("raw_rtt", self.raw_rtt),
             ("ping", self.ping.time),
@@ -308,6 +319,7 @@ impl JobReport {
             ("diff_miss", self.diff_miss.time),
             ("lock_settled", self.lock_settled.time),
             ("diff_miss_settled", self.diff_miss_settled.time),
+            ("local_lock", self.local_lock),
         ]
     }
 }
@@ -357,8 +369,8 @@ pub fn run(tmk: &mut Tmk, proposed: Params) -> Result<Option<JobReport>> {
     tmk.distribute(&mut data)?;
     let mut pages = Pages { data, words, next: 0 };
 
-    let mut acc: [Acc; 7] = Default::default();
-    let [raw_acc, ping_acc, lock_acc, barrier_acc, diff_acc, lock_s_acc, diff_s_acc] = &mut acc;
+    let mut acc: [Acc; 8] = Default::default();
+    let [raw_acc, ping_acc, lock_acc, barrier_acc, diff_acc, lock_s_acc, diff_s_acc, local_acc] = &mut acc;
     for round in 0..=p.rounds {
         // Round 0 warms up: nothing is recorded.
         let timed = round > 0;
@@ -373,6 +385,7 @@ pub fn run(tmk: &mut Tmk, proposed: Params) -> Result<Option<JobReport>> {
         diff_miss(tmk, &mut pages, n(p.diff_miss), None, pick(timed, diff_acc))?;
         lock(tmk, n(p.settled), Some(SETTLE), pick(timed, lock_s_acc))?;
         diff_miss(tmk, &mut pages, n(p.settled), Some(SETTLE), pick(timed, diff_s_acc))?;
+        local_lock(tmk, n(p.local_lock), pick(timed, local_acc))?;
     }
     drop(raw);
     tmk.barrier(BARRIER)?;
@@ -393,6 +406,7 @@ pub fn run(tmk: &mut Tmk, proposed: Params) -> Result<Option<JobReport>> {
         diff_miss: acc[4].figure(),
         lock_settled: acc[5].figure(),
         diff_miss_settled: acc[6].figure(),
+        local_lock: Summary::of(&acc[7].samples),
         nodes,
     }))
 }
@@ -493,6 +507,28 @@ fn lock(tmk: &mut Tmk, n: u64, settle: Option<Duration>, acc: Option<&mut Acc>) 
         tmk.barrier(BARRIER)?;
     }
     rec.finish(tmk, n)
+}
+
+/// Node 0 only: `n` batches of [`LOCAL_BATCH`] acquires and releases of [`LOCAL_LOCK`], whose
+/// token it holds; a sample is a batch's time per pair.
+fn local_lock(tmk: &mut Tmk, n: u64, acc: Option<&mut Acc>) -> Result<()> {
+    if tmk.proc_id() != 0 {
+        return Ok(());
+    }
+    let mut samples = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        let t = Instant::now();
+        for _ in 0..LOCAL_BATCH {
+            tmk.lock_acquire(LOCAL_LOCK)?;
+            tmk.lock_release(LOCAL_LOCK)?;
+        }
+        samples.push(t.elapsed() / LOCAL_BATCH);
+    }
+    if let Some(acc) = acc {
+        acc.samples.extend(samples);
+        acc.ops += n * u64::from(LOCAL_BATCH);
+    }
+    Ok(())
 }
 
 /// Every node calls `barrier(0)` back to back `n` times; node 0 (the barrier manager) times each.

@@ -74,6 +74,13 @@ pub fn figures_table(f: &FaultCosts, r: &JobReport, fault_iters: (usize, usize))
         &r.diff_miss_settled.time,
         &format!("info: diff_miss, node 0 idles {settle} first"),
     ));
+    let batch = crate::job::LOCAL_BATCH;
+    line(row(
+        "local_lock",
+        "",
+        &r.local_lock,
+        &format!("info: lock_acquire(0) + release, token here, per pair (batches of {batch})"),
+    ));
     out
 }
 
