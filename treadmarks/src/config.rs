@@ -13,6 +13,7 @@
 //! | bound on meeting the other nodes | `TMK_CONNECT_TIMEOUT` (seconds) | | 30 |
 //! | how long the application polls for a reply, or for a fault's resolution, before it sleeps | `TMK_SPIN_US` (µs) | | 100 |
 //! | push diffs at barriers to pages' earlier readers | `TMK_PUSH=0` turns it off | | on |
+//! | skip a page's push when its write history says the next epoch rewrites it (until its reader fetches it after a skip) | `TMK_PUSH_SKIP=0` turns it off | | on |
 //! | heap pages allocated so far backed with memory ahead of their first touch (the valid ones mapped, too): node 0 in its own allocations, the others when a distributed value comes, everybody at barriers | `TMK_BACK_HEAP=0` turns it off | | on |
 //! | diff memory backed at startup (multi-node jobs) | `TMK_DIFF_RESERVE` (`16MiB`, bytes; 0 turns it off) | | the collection threshold plus one 2 MiB chunk, at most 64 MiB |
 //! | twin memory backed at startup (multi-node jobs): the twins of the first pages twinned | `TMK_TWIN_RESERVE` (bytes; 0 turns it off) | | 32 MiB, at most the heap |
@@ -63,6 +64,9 @@ pub struct Config {
     pub gc_threshold: u64,
     /// Push diffs at barriers to the pages' earlier readers (`protocol/push.rs`).
     pub push: bool,
+    /// Skip the push of a page that its write history says is written again in the next epoch
+    /// (`protocol/push.rs`, "Skipping").
+    pub push_skip: bool,
     /// Back the allocated heap with memory ahead of its first touch (`protocol/collective.rs`).
     pub back_heap: bool,
     /// Diff memory (bytes) a node of a multi-node job backs at startup (`TMK_DIFF_RESERVE`,
@@ -131,6 +135,7 @@ impl Default for Config {
             nbarriers: 64,
             gc_threshold: DEFAULT_GC_THRESHOLD,
             push: true,
+            push_skip: true,
             back_heap: true,
             diff_reserve: None,
             twin_reserve: DEFAULT_TWIN_RESERVE,
@@ -223,6 +228,9 @@ impl Config {
         }
         if let Some(v) = env("TMK_PUSH") {
             c.push = v != "0";
+        }
+        if let Some(v) = env("TMK_PUSH_SKIP") {
+            c.push_skip = v != "0";
         }
         if let Some(v) = env("TMK_BACK_HEAP") {
             c.back_heap = v != "0";

@@ -109,7 +109,7 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let p = &self.protocol;
         let sent = self.sent();
-        let fields: [(&str, f64); 49] = [
+        let fields: [(&str, f64); 50] = [
             ("node", f64::from(self.node.0)),
             ("nprocs", f64::from(self.nprocs)),
             ("msgs_sent", sent.msgs as f64),
@@ -130,6 +130,7 @@ impl Stats {
             ("diffs_pushed", p.diffs_pushed as f64),
             ("pushes_used", p.pushes_used as f64),
             ("pushes_in_place", p.pushes_in_place as f64),
+            ("pushes_skipped", p.pushes_skipped as f64),
             ("intervals", p.intervals as f64),
             ("write_notices_made", p.write_notices_made as f64),
             ("lock_acquires_local", p.lock_acquires_local as f64),
@@ -195,12 +196,13 @@ impl fmt::Display for Stats {
         )?;
         writeln!(
             f,
-            "  diffs pushed at barriers: {}   pushed pages used: {} ({} in place), unused: {}, chained: {}   diffs piggybacked on grants: {}   stale pages overwritten unfetched: {} (diffs they superseded, received later: {})",
+            "  diffs pushed at barriers: {}   pushed pages used: {} ({} in place), unused: {}, chained: {}, skipped (rewritten next): {}   diffs piggybacked on grants: {}   stale pages overwritten unfetched: {} (diffs they superseded, received later: {})",
             p.diffs_pushed,
             p.pushes_used,
             p.pushes_in_place,
             p.pushes_wasted,
             p.pushes_chained,
+            p.pushes_skipped,
             p.diffs_piggybacked,
             p.pages_overwritten,
             p.diffs_superseded

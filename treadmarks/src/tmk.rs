@@ -99,6 +99,7 @@ impl Tmk {
             heap_size: config.heap_size as u64,
             gc_threshold: config.gc_threshold,
             push: config.push,
+            push_skip: config.push_skip,
             back_heap: config.back_heap,
             // Alone, a node has every token: nothing to predict.
             lock_bundle: if n > 1 { config.lock_bundle } else { 0 },

@@ -379,7 +379,12 @@ fn push(tmk: &mut Tmk) -> R {
             format!("{pushed} diffs pushed in {idle} steps to a node that stopped reading")
         })?;
     }
-    check(q.pushes_wasted >= 1, || format!("{} unused pushes counted", q.pushes_wasted))?;
+    // The page is now written at every barrier: once three epochs of that are in its history,
+    // the writer skips its pushes as superseded by the next (`push.rs`, "Skipping"), so the
+    // reader may never see one unused.
+    check(q.pushes_wasted + q.pushes_skipped >= 1, || {
+        format!("{} unused pushes counted, {} skipped", q.pushes_wasted, q.pushes_skipped)
+    })?;
     // Reading again fetches as usual.
     let x = tmk.view(&a.slice(left * 512, left * 512 + 1))?[0];
     check(x == STEPS + idle, || format!("after the pushes stopped, node {left}'s first word is {x}"))

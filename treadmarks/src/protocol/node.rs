@@ -39,6 +39,9 @@ pub struct NodeConfig {
     pub gc_threshold: u64,
     /// Subscribe readers and push them diffs at barriers (`push.rs`); off, readers always ask.
     pub push: bool,
+    /// Skip a page's push at a barrier when its write history says the next epoch writes it
+    /// again (`push.rs`, "Skipping").
+    pub push_skip: bool,
     /// Most lock tokens one grant passes along unasked, and most locks a request wishes for
     /// (`lock_history.rs`); 0: every lock is requested on its own. Nodes may differ.
     pub lock_bundle: usize,
@@ -325,6 +328,7 @@ impl<M: PageMemory> Node<M> {
                 for a in &asks {
                     self.check_page(from, a.page)?;
                 }
+                self.note_fetched_after_skip(from, &asks);
                 let pages = self.serve_diff_request(&asks, self.app_blocked());
                 self.note_subscribers(from, &asks, &pages);
                 self.outbox.push_back((from, Message::DiffReply { pages }));

@@ -16,6 +16,17 @@ impl Net {
         Net::with_pages(n, 4)
     }
 
+    /// Pushes at every barrier where a page changed, whatever its write history predicts: for
+    /// tests of a writer that writes a page every epoch while its reader reads it in place,
+    /// where a skip would invalidate it (`push.rs`, "Skipping").
+    fn pushing_always(n: u16) -> Net {
+        let mut net = Net::new(n);
+        for node in &mut net.nodes {
+            node.cfg.push_skip = false;
+        }
+        net
+    }
+
     fn with_pages(n: u16, npages: u32) -> Net {
         Net::configured(n, npages, 8, 0)
     }
@@ -31,6 +42,7 @@ impl Net {
                     heap_size: u64::from(npages) * PAGE as u64,
                     gc_threshold: u64::MAX,
                     push: true,
+                    push_skip: true,
                     lock_bundle,
                     back_heap: true,
                     stream_min_pages: 0,
@@ -514,7 +526,7 @@ fn bad_input_from_a_peer_is_an_error_not_a_panic() {
 fn a_page_read_last_epoch_has_its_next_diffs_pushed_until_it_goes_unread() {
     use super::push::IN_PLACE_CREDITS;
     use MsgKind::*;
-    let mut net = Net::new(2);
+    let mut net = Net::pushing_always(2);
     net.write(0, 1, 0, 1);
     net.barrier();
     // Node 1 misses on page 1 and asks node 0, which makes node 1 a subscriber of the page.
@@ -620,9 +632,58 @@ fn a_push_is_kept_unused_for_three_epochs() {
 }
 
 #[test]
-fn a_page_read_every_other_epoch_uses_its_pushes_chained() {
+fn a_push_the_next_epoch_would_supersede_is_skipped_until_the_reader_fetches_between() {
     use MsgKind::*;
     let mut net = Net::new(2);
+    net.write(0, 1, 0, 1);
+    net.barrier();
+    assert_eq!(net.read(1, 1, 0), 1);
+    // Like water's molecules: node 0 writes the page before barriers A and B of every step of
+    // three (A, B, C), and node 1 reads it after B only. Once node 0's history shows three
+    // steps, the push at A goes: the write before B supersedes it, and B's push carries both.
+    let mut value = 10;
+    let step = |net: &mut Net, value: &mut u8, read_after_a: bool| {
+        net.write(0, 1, 0, *value);
+        net.barrier(); // A
+        if read_after_a {
+            assert_eq!(net.read(1, 1, 0), *value);
+        }
+        net.write(0, 1, 1, *value + 1);
+        net.barrier(); // B
+        assert_eq!([net.read(1, 1, 0), net.read(1, 1, 1)], [*value, *value + 1]);
+        net.barrier(); // C
+        *value += 2;
+    };
+    for _ in 0..4 {
+        step(&mut net, &mut value, false);
+    }
+    let t = net.log.len();
+    let skipped = net.nodes[0].stats().pushes_skipped;
+    for _ in 0..3 {
+        step(&mut net, &mut value, false);
+    }
+    assert_eq!(net.nodes[0].stats().pushes_skipped - skipped, 3, "one push a step skipped");
+    assert_eq!(net.count(t, 0, 1, DiffPush), 3, "one push a step, at B");
+    assert_eq!(net.count(t, 1, 0, DiffRequest), 0, "B's push served every read");
+
+    // Node 1 reads the page between A and B: the skipped push makes it fetch, and from then on
+    // the page is pushed to it at every barrier where it changed.
+    let t = net.log.len();
+    step(&mut net, &mut value, true);
+    assert_eq!(net.count(t, 1, 0, DiffRequest), 1);
+    let (t, skipped) = (net.log.len(), net.nodes[0].stats().pushes_skipped);
+    for _ in 0..2 {
+        step(&mut net, &mut value, true);
+    }
+    assert_eq!(net.nodes[0].stats().pushes_skipped, skipped, "never skipped again");
+    assert_eq!(net.count(t, 0, 1, DiffPush), 4, "pushed at A and B");
+    assert_eq!(net.count(t, 1, 0, DiffRequest), 0);
+}
+
+#[test]
+fn a_page_read_every_other_epoch_uses_its_pushes_chained() {
+    use MsgKind::*;
+    let mut net = Net::pushing_always(2);
     net.write(0, 1, 0, 1);
     net.barrier();
     assert_eq!(net.read(1, 1, 0), 1);

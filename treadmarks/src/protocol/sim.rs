@@ -72,6 +72,7 @@ struct Shape {
     gc_threshold: u64,
     /// Whether writers push diffs at barriers (`push.rs`).
     push: bool,
+    push_skip: bool,
     /// Most lock tokens a grant bundles (`lock.rs`); 0: none.
     lock_bundle: usize,
     /// Lock walks ([`generate_walks`]) instead of random phases.
@@ -230,6 +231,7 @@ impl Sim {
                     heap_size: (npages as usize * PAGE) as u64,
                     gc_threshold: s.gc_threshold,
                     push: s.push,
+                    push_skip: s.push_skip,
                     lock_bundle: s.lock_bundle,
                     back_heap: true,
                     stream_min_pages: s.stream_min_pages,
@@ -520,6 +522,7 @@ fn run_seed(seed: u64) -> (Vec<ProtocolStats>, u64) {
             phases: 1 + pick.below(6) as usize,
             gc_threshold: [u64::MAX, 0, 300, 2000][pick.below(4) as usize],
             push: pick.below(4) != 0,
+            push_skip: pick.below(2) != 0,
             lock_bundle: [0, 1, 2, 8][pick.below(4) as usize],
             walks: false,
             skewed: pick.below(4) == 0,
@@ -540,6 +543,7 @@ fn run_walk_seed(seed: u64) -> (Vec<ProtocolStats>, u64) {
             phases: 2 + pick.below(5) as usize,
             gc_threshold: [u64::MAX, 300][pick.below(2) as usize],
             push: pick.below(2) != 0,
+            push_skip: pick.below(2) != 0,
             lock_bundle: [1, 4, 8, 32][pick.below(4) as usize],
             walks: true,
             skewed: pick.below(2) == 0,

@@ -46,6 +46,9 @@ pub struct ProtocolStats {
     pub pushes_chained: u64,
     /// Pushed pages applied where they stand at the barrier they came with (`push.rs`).
     pub pushes_in_place: u64,
+    /// Pages (per subscriber) not pushed at a barrier because the next epoch rewrites them
+    /// (`push.rs`, "Skipping").
+    pub pushes_skipped: u64,
     /// Diff requests sent (one per writer per miss or validation) and pages served.
     pub diff_requests_sent: u64,
     pub diff_requests_served: u64,
@@ -112,6 +115,7 @@ impl std::ops::AddAssign<&ProtocolStats> for ProtocolStats {
         self.pushes_wasted += o.pushes_wasted;
         self.pushes_chained += o.pushes_chained;
         self.pushes_in_place += o.pushes_in_place;
+        self.pushes_skipped += o.pushes_skipped;
         self.diff_requests_sent += o.diff_requests_sent;
         self.diff_requests_served += o.diff_requests_served;
         self.intervals += o.intervals;
