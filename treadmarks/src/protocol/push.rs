@@ -70,8 +70,10 @@
 //!   every barrier again. Water writes its molecules in `correct` and `predict`, the epochs on
 //!   either side of a step's last barrier, and reads them after the first barrier of the next
 //!   step: its molecule pages were pushed at the last barrier only to be chained to (or applied
-//!   in place before) the next push, and skipping that push made water ~5% faster at 2 nodes.
-//!   SOR's and Jacobi's pages, written every other epoch, are pushed at every barrier as before.
+//!   in place before) the next push. Skipping it: water at 2 nodes 0.0537 → 0.0526 s (12
+//!   alternated runs, medians; skipping every push at that barrier from the first step, a hack
+//!   keyed to the episode number, gave 0.0538 → 0.0510 s). SOR's and Jacobi's pages, written
+//!   every other epoch, show period 2 and are pushed at every barrier as before.
 //! - **Collections** drop every subscription and every pushed diff, on both sides; pushes made
 //!   for a collecting barrier or earlier are dropped on arrival.
 

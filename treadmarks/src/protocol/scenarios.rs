@@ -54,6 +54,14 @@ impl Net {
         Net { nodes, log: Vec::new() }
     }
 
+    /// Node 0 writes page 1 and node 1 reads it after a barrier: node 1 subscribes to the page.
+    fn node_1_reads_page_1(mut self) -> Net {
+        self.write(0, 1, 0, 1);
+        self.barrier();
+        assert_eq!(self.read(1, 1, 0), 1);
+        self
+    }
+
     /// Delivers messages until the network is quiet.
     fn settle(&mut self) {
         loop {
@@ -597,31 +605,25 @@ fn a_push_is_kept_unused_for_three_epochs() {
     use MsgKind::*;
     assert_eq!(PUSH_EPOCHS, 3);
     // Like water's energy sums: node 0 writes the page just before a step's last barrier, and
-    // node 1 reads it two barriers later. The push serves the read.
-    let mut net = Net::new(2);
-    net.write(0, 1, 0, 1);
-    net.barrier();
-    assert_eq!(net.read(1, 1, 0), 1);
-    net.write(0, 1, 0, 2);
-    let t = net.log.len();
-    net.barrier(); // pushed
-    net.barrier();
-    net.barrier();
+    // node 1 reads it two barriers later. Returns the network and where the push began.
+    let pushed_then_two_barriers = || {
+        let mut net = Net::new(2).node_1_reads_page_1();
+        net.write(0, 1, 0, 2);
+        let t = net.log.len();
+        net.barrier(); // pushed
+        net.barrier();
+        net.barrier();
+        (net, t)
+    };
+    // The push serves the read.
+    let (mut net, t) = pushed_then_two_barriers();
     assert_eq!(net.read(1, 1, 0), 2);
     assert_eq!(net.count(t, 1, 0, DiffRequest), 0, "the push served the read");
     assert_eq!(net.count(t, 1, 0, Unsubscribe), 0);
     assert_eq!(net.nodes[1].stats().pushes_used, 1);
 
     // Unread, it goes at the end of its third epoch, and node 1 unsubscribes.
-    let mut net = Net::new(2);
-    net.write(0, 1, 0, 1);
-    net.barrier();
-    assert_eq!(net.read(1, 1, 0), 1);
-    net.write(0, 1, 0, 2);
-    let t = net.log.len();
-    net.barrier(); // pushed
-    net.barrier();
-    net.barrier();
+    let (mut net, t) = pushed_then_two_barriers();
     assert_eq!(net.count(t, 1, 0, Unsubscribe), 0, "kept for three epochs");
     net.barrier();
     assert_eq!(net.count(t, 1, 0, Unsubscribe), 1, "dropped after them");
@@ -634,10 +636,7 @@ fn a_push_is_kept_unused_for_three_epochs() {
 #[test]
 fn a_push_the_next_epoch_would_supersede_is_skipped_until_the_reader_fetches_between() {
     use MsgKind::*;
-    let mut net = Net::new(2);
-    net.write(0, 1, 0, 1);
-    net.barrier();
-    assert_eq!(net.read(1, 1, 0), 1);
+    let mut net = Net::new(2).node_1_reads_page_1();
     // Like water's molecules: node 0 writes the page before barriers A and B of every step of
     // three (A, B, C), and node 1 reads it after B only. Once node 0's history shows three
     // steps, the push at A goes: the write before B supersedes it, and B's push carries both.
@@ -683,10 +682,7 @@ fn a_push_the_next_epoch_would_supersede_is_skipped_until_the_reader_fetches_bet
 #[test]
 fn a_page_read_every_other_epoch_uses_its_pushes_chained() {
     use MsgKind::*;
-    let mut net = Net::pushing_always(2);
-    net.write(0, 1, 0, 1);
-    net.barrier();
-    assert_eq!(net.read(1, 1, 0), 1);
+    let mut net = Net::pushing_always(2).node_1_reads_page_1();
     // Like water's molecules: node 0 writes the page in two phases, node 1 reads it in the
     // phase after the first of them only. Every push is used, chained or not; nothing is asked.
     // Once the first chain was read, the pushes are applied in place at their barriers.
