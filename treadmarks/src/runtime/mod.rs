@@ -160,14 +160,7 @@ impl Engine {
         match self {
             Engine::Local { .. } => Ok(false),
             Engine::Remote { mailbox, node, heap, .. } => {
-                if mailbox.failed.load(Ordering::Acquire) {
-                    return Ok(false);
-                }
-                let here = Self::on_app_thread(mailbox, node, heap, |node| node.acquire_if_here(lock))?;
-                if here {
-                    mailbox.lock_ops_here.fetch_add(1, Ordering::Relaxed);
-                }
-                Ok(here)
+                Self::lock_op_here(mailbox, node, heap, |node| node.acquire_if_here(lock))
             }
         }
     }
@@ -191,10 +184,16 @@ impl Engine {
                 debug_assert!(node.poll_transmit().is_none(), "a one-node job sent a message");
                 Ok(reply.expect("a one-node job completes every request at once"))
             }
-            Engine::Remote { mailbox, node, heap, .. } => match Self::lock_here(mailbox, node, heap, &cmd)? {
-                Some(reply) => Ok(reply),
-                None => Self::call_remote(mailbox, cmd),
-            },
+            Engine::Remote { mailbox, node, heap, .. } => {
+                // A release runs on the application thread; a waiting acquirer gets its grant
+                // from the service thread, which sends it.
+                if let Command::Release(lock) = cmd
+                    && Self::lock_op_here(mailbox, node, heap, |node| node.release_here(lock).map(|()| true))?
+                {
+                    return Ok(Reply::Released);
+                }
+                Self::call_remote(mailbox, cmd)
+            }
         }
     }
 
@@ -228,23 +227,23 @@ impl Engine {
         }
     }
 
-    /// Runs a release on the application thread, and counts it (`lock_ops_here`); `None` for
-    /// anything else (a command for the service thread; acquires whose token is here go through
-    /// [`Engine::acquire_here`]).
-    fn lock_here(
+    /// Runs a lock operation on the application thread (`op` says whether it could run there)
+    /// and counts it (`lock_ops_here`); false once the job failed, when the service thread
+    /// answers every call with the failure.
+    fn lock_op_here(
         mailbox: &Mailbox,
         node: &Mutex<Node<HeapPages>>,
         heap: &Heap,
-        cmd: &Command,
-    ) -> Result<Option<Reply>> {
-        let Command::Release(lock) = *cmd else { return Ok(None) };
+        op: impl FnOnce(&mut Node<HeapPages>) -> std::result::Result<bool, ProtocolError>,
+    ) -> Result<bool> {
         if mailbox.failed.load(Ordering::Acquire) {
-            return Ok(None);
+            return Ok(false);
         }
-        // A waiting acquirer gets its grant from the service thread, which sends it.
-        Self::on_app_thread(mailbox, node, heap, |node| node.release_here(lock))?;
-        mailbox.lock_ops_here.fetch_add(1, Ordering::Relaxed);
-        Ok(Some(Reply::Released))
+        let ran = Self::on_app_thread(mailbox, node, heap, op)?;
+        if ran {
+            mailbox.lock_ops_here.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(ran)
     }
 
     /// Brings `pages` up to date before a view of them is used. Needs no `&mut`: the
