@@ -80,6 +80,269 @@ fn packed_len_portable(masks: &[u8]) -> usize {
     words + eights.remainder().iter().map(|m| m.count_ones() as usize).sum::<usize>()
 }
 
+/// Appends to `out` the masks of a *dense* run of words ([`crate::protocol::diff`]), shortened:
+/// first its full bitmap, bit `w % 8` of byte `w / 8` set where mask `w` is `0xff` (the word
+/// changed fully; bits past the last word clear), then every mask that is not `0xff`, in order.
+/// A run of random keys, where one word in ~30 keeps a byte, so costs a bit a word and a byte
+/// per partly changed word, instead of a byte per word. [`expand_masks`] inverts it.
+pub fn shorten_masks(masks: &[u8], out: &mut Vec<u8>) {
+    #[cfg(target_arch = "x86_64")]
+    if kernel() == Kernel::Avx512 {
+        // SAFETY: `kernel` checked at run time that the CPU has the features
+        // `shorten_masks_avx512` is compiled for.
+        return unsafe { shorten_masks_avx512(masks, out) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if kernel() != Kernel::Portable {
+        // SAFETY: `kernel` checked at run time that the CPU has BMI2 and POPCNT, the features
+        // `shorten_masks_bmi2` is compiled for.
+        return unsafe { shorten_masks_bmi2(masks, out) };
+    }
+    shorten_masks_portable(masks, out);
+}
+
+/// The number of masks [`shorten_masks`] keeps after a full bitmap of `words` words: those of
+/// the words not full. Bits past the last word are not counted.
+pub fn shortened_len(bitmap: &[u8], words: usize) -> usize {
+    let (whole, bits) = ((words / 8).min(bitmap.len()), &bitmap[..words.div_ceil(8).min(bitmap.len())]);
+    let mut eights = bits[..whole].chunks_exact(8);
+    let mut full: usize = eights
+        .by_ref()
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")).count_ones() as usize)
+        .sum();
+    full += eights.remainder().iter().map(|b| b.count_ones() as usize).sum::<usize>();
+    if let Some(&last) = bits.get(whole) {
+        full += (last & group_bits(words % 8)).count_ones() as usize;
+    }
+    words - full
+}
+
+/// The masks of the first `n` words of a group of eight (all eight from 8 on).
+fn group_bits(n: usize) -> u8 {
+    if n >= 8 { 0xff } else { (1u8 << n) - 1 }
+}
+
+/// Writes into `masks` (one per word of the run) the masks [`shorten_masks`] shortened into
+/// `bitmap` (at least a bit per word) and `rest` (exactly [`shortened_len`] masks).
+///
+/// # Panics
+///
+/// If `bitmap` has fewer bits than `masks` has words, or `rest` is not exactly the masks of the
+/// words the bitmap does not mark full.
+pub fn expand_masks(bitmap: &[u8], rest: &[u8], masks: &mut [u8]) {
+    assert!(bitmap.len() * 8 >= masks.len(), "expand_masks needs a bit per word");
+    assert_eq!(rest.len(), shortened_len(bitmap, masks.len()), "expand_masks needs a mask per word not full");
+    #[cfg(target_arch = "x86_64")]
+    if kernel() == Kernel::Avx512 {
+        // SAFETY: `kernel` checked at run time that the CPU has the features
+        // `expand_masks_avx512` is compiled for.
+        return unsafe { expand_masks_avx512(bitmap, rest, masks) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if kernel() != Kernel::Portable {
+        // SAFETY: `kernel` checked at run time that the CPU has BMI2 and POPCNT, the features
+        // `expand_masks_bmi2` is compiled for.
+        return unsafe { expand_masks_bmi2(bitmap, rest, masks) };
+    }
+    expand_masks_portable(bitmap, rest, masks);
+}
+
+/// [`unpack`] for a dense run: the masks as [`shorten_masks`] left them (`bitmap`, at least a
+/// bit per word, and `rest`, exactly [`shortened_len`] masks), expanded on the way.
+///
+/// # Panics
+///
+/// If `dst` is not whole words, `bitmap` has fewer bits than `dst` has words, `rest` is not the
+/// masks of the words the bitmap does not mark full, or `packed` is not exactly the bytes the
+/// masks select.
+pub fn unpack_dense(dst: &mut [u8], bitmap: &[u8], rest: &[u8], packed: &[u8]) {
+    assert!(dst.len().is_multiple_of(8), "unpack_dense needs whole words");
+    let words = dst.len() / 8;
+    assert!(bitmap.len() * 8 >= words, "unpack_dense needs a bit per word");
+    let shortened = shortened_len(bitmap, words);
+    assert_eq!(rest.len(), shortened, "unpack_dense needs a mask per word not full");
+    assert_eq!(
+        packed.len(),
+        packed_len(rest) + 8 * (words - shortened),
+        "unpack_dense needs the bytes the masks select"
+    );
+    // The masks expanded a chunk at a time on the stack, then the chunk unpacked.
+    let mut masks = [0u8; DENSE_CHUNK];
+    let (mut rest, mut packed) = (rest, packed);
+    for (c, dst) in dst.chunks_mut(8 * DENSE_CHUNK).enumerate() {
+        let n = dst.len() / 8;
+        let bits = &bitmap[c * DENSE_CHUNK / 8..][..n.div_ceil(8)];
+        let (kept, later) = rest.split_at(shortened_len(bits, n));
+        expand_masks(bits, kept, &mut masks[..n]);
+        let (bytes, after) = packed.split_at(packed_len(&masks[..n]));
+        unpack(dst, &masks[..n], bytes);
+        (rest, packed) = (later, after);
+    }
+}
+
+/// Words [`unpack_dense`] expands the masks of at a time.
+const DENSE_CHUNK: usize = 512;
+
+/// The bits of the first `n` of 64 lanes (all from 64 on).
+fn lanes(n: usize) -> u64 {
+    if n >= 64 { !0 } else { (1u64 << n) - 1 }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi2,bmi2,popcnt")]
+fn shorten_masks_avx512(masks: &[u8], out: &mut Vec<u8>) {
+    use std::arch::x86_64::{
+        _mm512_cmpeq_epi8_mask, _mm512_maskz_compress_epi8, _mm512_maskz_loadu_epi8, _mm512_set1_epi8,
+        _mm512_storeu_si512,
+    };
+    let bitmap_len = masks.len().div_ceil(8);
+    // The bitmap, 8 bytes a group of 64 masks (the last group's cut to the bitmap's length),
+    // then room for 64 masks a group, which the next group's overwrite where this one kept
+    // fewer.
+    let groups = masks.len().div_ceil(64);
+    out.reserve(bitmap_len + 64 * groups);
+    let base = out.len();
+    let dst = out.spare_capacity_mut().as_mut_ptr().cast::<u8>();
+    let mut at = bitmap_len;
+    for (g, m) in masks.chunks(64).enumerate() {
+        let valid = lanes(m.len());
+        // SAFETY: the load reads only the lanes `valid` selects, the `m.len()` bytes of `m`.
+        let v = unsafe { _mm512_maskz_loadu_epi8(valid, m.as_ptr().cast()) };
+        let full = _mm512_cmpeq_epi8_mask(v, _mm512_set1_epi8(-1)) & valid;
+        let bits = full.to_le_bytes();
+        let bits = &bits[..m.len().div_ceil(8)];
+        // SAFETY: group `g` writes its bitmap bytes, `8 g..8 g + bits.len()`, all below
+        // `bitmap_len` (where no mask goes), and 64 bytes at `at`, which is `bitmap_len` plus
+        // at most 64 per group before this one: all inside the `bitmap_len + 64 * groups` bytes
+        // reserved. Unaligned stores need no alignment.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bits.as_ptr(), dst.add(8 * g), bits.len());
+            _mm512_storeu_si512(dst.add(at).cast(), _mm512_maskz_compress_epi8(!full & valid, v));
+        }
+        at += (!full & valid).count_ones() as usize;
+    }
+    // SAFETY: the bitmap's `bitmap_len` bytes and the `at - bitmap_len` masks after it were all
+    // written above (each group's kept masks at the running `at`, contiguous), inside the
+    // reserved capacity.
+    unsafe { out.set_len(base + at) };
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi2,bmi2,popcnt")]
+fn expand_masks_avx512(bitmap: &[u8], rest: &[u8], masks: &mut [u8]) {
+    use std::arch::x86_64::{
+        _mm512_mask_expand_epi8, _mm512_mask_storeu_epi8, _mm512_maskz_loadu_epi8, _mm512_set1_epi8,
+        _mm512_storeu_si512,
+    };
+    let mut at = 0;
+    for (g, m) in masks.chunks_mut(64).enumerate() {
+        let valid = lanes(m.len());
+        let full = match bitmap.get(8 * g..8 * g + 8) {
+            Some(eight) => u64::from_le_bytes(eight.try_into().expect("8 bytes")),
+            None => {
+                let mut bits = [0u8; 8];
+                bits[..bitmap.len() - 8 * g].copy_from_slice(&bitmap[8 * g..]);
+                u64::from_le_bytes(bits)
+            }
+        } & valid;
+        let n = (!full & valid).count_ones() as usize;
+        // SAFETY: the load reads only the `n` lanes its mask selects, the next `n` bytes of
+        // `rest` (`expand_masks` checked it holds a mask per word not full); the store writes
+        // only the `m.len()` lanes `valid` selects, inside `m`.
+        unsafe {
+            let v = _mm512_maskz_loadu_epi8(lanes(n), rest.as_ptr().add(at).cast());
+            let x = _mm512_mask_expand_epi8(_mm512_set1_epi8(-1), !full & valid, v);
+            if m.len() == 64 {
+                _mm512_storeu_si512(m.as_mut_ptr().cast(), x);
+            } else {
+                _mm512_mask_storeu_epi8(m.as_mut_ptr().cast(), valid, x);
+            }
+        }
+        at += n;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "bmi2,popcnt")]
+fn shorten_masks_bmi2(masks: &[u8], out: &mut Vec<u8>) {
+    use std::arch::x86_64::_pext_u64;
+    let groups = masks.len().div_ceil(8);
+    // The bitmap, then room for a whole word of masks per group, which the next group's
+    // overwrite where this one kept fewer.
+    out.reserve(groups + 8 * groups);
+    let base = out.len();
+    let dst = out.spare_capacity_mut().as_mut_ptr().cast::<u8>();
+    let mut at = groups;
+    for (g, m) in masks.chunks(8).enumerate() {
+        let mut word = [0u8; 8];
+        word[..m.len()].copy_from_slice(m);
+        let x = u64::from_le_bytes(word);
+        // Equal to 0xff: all ones after adding one to each byte's low seven bits and or-ing
+        // the byte back, then the high bit of the complement.
+        const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+        let not_full = ((((!x) & LOW7) + LOW7) | !x) & 0x8080_8080_8080_8080;
+        let full = ((!not_full & 0x8080_8080_8080_8080) >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56;
+        let full = full as u8 & group_bits(m.len());
+        let keep = !EXPAND[usize::from(full)] & EXPAND[usize::from(group_bits(m.len()))];
+        // SAFETY: `g < groups` and `at` is at most `groups` plus 8 per group before this one,
+        // so both writes lie in the `groups + 8 * groups` bytes of spare capacity reserved
+        // above; `write_unaligned` needs no alignment.
+        unsafe {
+            dst.add(g).write(full);
+            dst.add(at).cast::<u64>().write_unaligned(_pext_u64(x, keep).to_le());
+        }
+        at += m.len() - full.count_ones() as usize;
+    }
+    // SAFETY: the bitmap's `groups` bytes and the `at - groups` masks after it were all written
+    // above, contiguous, inside the reserved capacity.
+    unsafe { out.set_len(base + at) };
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "bmi2,popcnt")]
+fn expand_masks_bmi2(bitmap: &[u8], rest: &[u8], masks: &mut [u8]) {
+    use std::arch::x86_64::_pdep_u64;
+    let mut at = 0;
+    for (m, &bits) in masks.chunks_mut(8).zip(bitmap) {
+        let (all, full) = (group_bits(m.len()), bits & group_bits(m.len()));
+        let n = usize::from(all.count_ones() as u8 - full.count_ones() as u8);
+        // Eight masks where there are (pdep takes as many as the group needs), else the rest.
+        let v = if at + 8 <= rest.len() {
+            // SAFETY: `at + 8 <= rest.len()`, so the 8 bytes read lie inside `rest`;
+            // `read_unaligned` needs no alignment.
+            u64::from_le(unsafe { rest.as_ptr().add(at).cast::<u64>().read_unaligned() })
+        } else {
+            let mut b = [0u8; 8];
+            b[..n].copy_from_slice(&rest[at..at + n]);
+            u64::from_le_bytes(b)
+        };
+        at += n;
+        let full_bytes = EXPAND[usize::from(full)];
+        let x = full_bytes | _pdep_u64(v, !full_bytes & EXPAND[usize::from(all)]);
+        m.copy_from_slice(&x.to_le_bytes()[..m.len()]);
+    }
+}
+
+fn shorten_masks_portable(masks: &[u8], out: &mut Vec<u8>) {
+    out.extend(
+        masks
+            .chunks(8)
+            .map(|m| m.iter().enumerate().filter(|(_, x)| **x == 0xff).fold(0u8, |f, (b, _)| f | 1 << b)),
+    );
+    out.extend(masks.iter().filter(|&&m| m != 0xff));
+}
+
+fn expand_masks_portable(bitmap: &[u8], rest: &[u8], masks: &mut [u8]) {
+    let mut rest = rest.iter();
+    for (w, m) in masks.iter_mut().enumerate() {
+        *m = if (bitmap[w / 8] >> (w % 8)) & 1 == 1 {
+            0xff
+        } else {
+            *rest.next().expect("shortened_len checked")
+        };
+    }
+}
+
 /// Appends to `out`, for each 8-byte word `i` of `words`, the bytes `masks[i]` selects (bit `k`
 /// selects byte `k`), low byte first: [`packed_len`]`(masks)` bytes in all.
 ///
@@ -193,25 +456,31 @@ fn pack_avx512(words: &[u8], masks: &[u8], out: &mut Vec<u8>) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi2,bmi2,popcnt")]
 fn unpack_avx512(dst: &mut [u8], masks: &[u8], packed: &[u8]) {
-    use std::arch::x86_64::{_mm512_loadu_si512, _mm512_mask_expand_epi8, _mm512_storeu_si512};
+    use std::arch::x86_64::{
+        _mm512_loadu_si512, _mm512_mask_expand_epi8, _mm512_maskz_loadu_epi8, _mm512_storeu_si512,
+    };
     let eights = masks.len() / 8;
-    let (mut g, mut at) = (0, 0);
-    // Each group loads 64 packed bytes: the groups whose load would pass the end go word by
-    // word below.
-    while g < eights && at + 64 <= packed.len() {
+    let mut at = 0;
+    for g in 0..eights {
         let k = u64::from_le_bytes(masks[8 * g..8 * g + 8].try_into().expect("8 masks"));
         let d = dst[64 * g..64 * g + 64].as_mut_ptr();
-        // SAFETY: `at + 64 <= packed.len()` (checked above) and `d` points at 64 bytes of
-        // `dst`; `loadu` and `storeu` need no alignment, and `dst` is not aliased.
+        // SAFETY: the packed bytes are read 64 at a time where there are 64, else only those
+        // there are (a masked load reads only the lanes it selects, and `at` is at most
+        // `packed.len()`: `unpack` checked that `packed` holds every byte the masks select);
+        // `d` points at 64 bytes of `dst`; `loadu` and `storeu` need no alignment, and `dst` is
+        // not aliased.
         unsafe {
-            let src = _mm512_loadu_si512(packed.as_ptr().add(at).cast());
+            let src = if at + 64 <= packed.len() {
+                _mm512_loadu_si512(packed.as_ptr().add(at).cast())
+            } else {
+                _mm512_maskz_loadu_epi8(lanes(packed.len() - at), packed.as_ptr().add(at).cast())
+            };
             let old = _mm512_loadu_si512(d.cast());
             _mm512_storeu_si512(d.cast(), _mm512_mask_expand_epi8(old, k, src));
         }
         at += k.count_ones() as usize;
-        g += 1;
     }
-    unpack_bmi2(&mut dst[64 * g..], &masks[8 * g..], &packed[at..]);
+    unpack_bmi2(&mut dst[64 * eights..], &masks[8 * eights..], &packed[at..]);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -342,6 +611,75 @@ mod tests {
                 assert_eq!(out, expected, "pdep unpacks as the portable loop does");
             }
         }
+    }
+
+    #[test]
+    fn dense_masks_shorten_and_expand_alike_on_every_path() {
+        let mut seed = 0x2545_f491_4f6c_dd1d;
+        for round in 0..2000 {
+            // Lengths across the 8- and 64-mask groups; masks mostly full, some not, some zero.
+            let words = 1 + (rng(&mut seed) % 200) as usize;
+            let masks: Vec<u8> = (0..words)
+                .map(|_| match rng(&mut seed) % 8 {
+                    0 => 0,
+                    1 | 2 => rng(&mut seed) as u8,
+                    _ if round % 3 == 0 => rng(&mut seed) as u8 | 1,
+                    _ => 0xff,
+                })
+                .collect();
+            let mut short = Vec::new();
+            shorten_masks_portable(&masks, &mut short);
+            let bitmap_len = words.div_ceil(8);
+            assert_eq!(short.len(), bitmap_len + masks.iter().filter(|&&m| m != 0xff).count());
+            assert_eq!(shortened_len(&short[..bitmap_len], words), short.len() - bitmap_len);
+            let (bitmap, rest) = short.split_at(bitmap_len);
+            let mut via_api = Vec::new();
+            shorten_masks(&masks, &mut via_api);
+            assert_eq!(via_api, short, "the dispatched kernel shortens alike");
+            let mut expanded = vec![0x5a; words];
+            expand_masks_portable(bitmap, rest, &mut expanded);
+            assert_eq!(expanded, masks);
+            let mut expanded = vec![0x5a; words];
+            expand_masks(bitmap, rest, &mut expanded);
+            assert_eq!(expanded, masks, "the dispatched kernel expands alike");
+            #[cfg(target_arch = "x86_64")]
+            for k in [Kernel::Avx512, Kernel::Bmi2] {
+                if k == Kernel::Avx512 && kernel() != Kernel::Avx512 || kernel() == Kernel::Portable {
+                    continue;
+                }
+                let mut out = Vec::new();
+                let mut expanded = vec![0x5a; words];
+                // SAFETY: `kernel` detected the features of the kernel tried (AVX-512 ones only
+                // when it chose them; BMI2 whenever it chose any but the portable one).
+                unsafe {
+                    if k == Kernel::Avx512 {
+                        shorten_masks_avx512(&masks, &mut out);
+                        expand_masks_avx512(bitmap, rest, &mut expanded);
+                    } else {
+                        shorten_masks_bmi2(&masks, &mut out);
+                        expand_masks_bmi2(bitmap, rest, &mut expanded);
+                    }
+                }
+                assert_eq!(out, short, "{k:?} shortens as the portable loop does");
+                assert_eq!(expanded, masks, "{k:?} expands as the portable loop does");
+            }
+            // A dense run unpacks as its expanded masks do.
+            let page: Vec<u8> = (0..words * 8).map(|_| rng(&mut seed) as u8).collect();
+            let mut packed = Vec::new();
+            pack(&page, &masks, &mut packed);
+            let old: Vec<u8> = (0..page.len()).map(|i| (i as u8) ^ 0x33).collect();
+            let (mut by_masks, mut by_dense) = (old.clone(), old.clone());
+            unpack(&mut by_masks, &masks, &packed);
+            unpack_dense(&mut by_dense, bitmap, rest, &packed);
+            assert_eq!(by_dense, by_masks);
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "a mask per word not full")]
+    fn expand_refuses_missing_masks() {
+        // Word 1 is not full and has no mask.
+        expand_masks(&[0b01], &[], &mut [0u8; 2]);
     }
 
     #[test]
