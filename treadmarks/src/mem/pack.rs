@@ -453,34 +453,50 @@ fn pack_avx512(words: &[u8], masks: &[u8], out: &mut Vec<u8>) {
     pack_bmi2(&words[64 * eights..], &masks[8 * eights..], out);
 }
 
+/// Up to eight masks as one little-endian word (bit `8 w + b`: byte `b` of word `w`).
+fn group_masks(m: &[u8]) -> u64 {
+    match m.try_into() {
+        Ok(eight) => u64::from_le_bytes(eight),
+        Err(_) => {
+            let mut b = [0u8; 8];
+            b[..m.len()].copy_from_slice(m);
+            u64::from_le_bytes(b)
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi2,bmi2,popcnt")]
 fn unpack_avx512(dst: &mut [u8], masks: &[u8], packed: &[u8]) {
     use std::arch::x86_64::{
-        _mm512_loadu_si512, _mm512_mask_expand_epi8, _mm512_maskz_loadu_epi8, _mm512_storeu_si512,
+        _mm512_loadu_si512, _mm512_mask_expand_epi8, _mm512_mask_storeu_epi8, _mm512_maskz_loadu_epi8,
+        _mm512_storeu_si512,
     };
-    let eights = masks.len() / 8;
     let mut at = 0;
-    for g in 0..eights {
-        let k = u64::from_le_bytes(masks[8 * g..8 * g + 8].try_into().expect("8 masks"));
-        let d = dst[64 * g..64 * g + 64].as_mut_ptr();
+    for (m, d) in masks.chunks(8).zip(dst.chunks_mut(64)) {
+        let k = group_masks(m);
+        let here = lanes(d.len());
         // SAFETY: the packed bytes are read 64 at a time where there are 64, else only those
         // there are (a masked load reads only the lanes it selects, and `at` is at most
         // `packed.len()`: `unpack` checked that `packed` holds every byte the masks select);
-        // `d` points at 64 bytes of `dst`; `loadu` and `storeu` need no alignment, and `dst` is
-        // not aliased.
+        // `d` is the group's `8 * m.len()` bytes of `dst`, the only ones the masked load and
+        // store touch. Unaligned loads and stores need no alignment, and `dst` is not aliased.
         unsafe {
             let src = if at + 64 <= packed.len() {
                 _mm512_loadu_si512(packed.as_ptr().add(at).cast())
             } else {
                 _mm512_maskz_loadu_epi8(lanes(packed.len() - at), packed.as_ptr().add(at).cast())
             };
-            let old = _mm512_loadu_si512(d.cast());
-            _mm512_storeu_si512(d.cast(), _mm512_mask_expand_epi8(old, k, src));
+            if d.len() == 64 {
+                let old = _mm512_loadu_si512(d.as_ptr().cast());
+                _mm512_storeu_si512(d.as_mut_ptr().cast(), _mm512_mask_expand_epi8(old, k, src));
+            } else {
+                let old = _mm512_maskz_loadu_epi8(here, d.as_ptr().cast());
+                _mm512_mask_storeu_epi8(d.as_mut_ptr().cast(), here, _mm512_mask_expand_epi8(old, k, src));
+            }
         }
         at += k.count_ones() as usize;
     }
-    unpack_bmi2(&mut dst[64 * eights..], &masks[8 * eights..], &packed[at..]);
 }
 
 #[cfg(target_arch = "x86_64")]

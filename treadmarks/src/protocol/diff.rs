@@ -429,78 +429,113 @@ impl Diff {
 
     /// Writes the diff's changed bytes into `page`. A malformed diff leaves `page` untouched.
     pub fn apply(&self, page: &mut [u8]) -> Result<(), DiffError> {
-        self.walk(page.len(), |_| {})?;
-        self.walk(page.len(), |run| {
-            let at = run.first_word * WORD;
-            let dst = &mut page[at..at + run.words * WORD];
-            match run.masks {
-                None => dst.copy_from_slice(run.data),
-                Some(rest) if run.full.is_some() => {
-                    crate::mem::pack::unpack_dense(dst, run.full.expect("dense"), rest, run.data)
-                }
-                Some(masks) if run.packed => crate::mem::pack::unpack(dst, masks, run.data),
-                Some(masks) => {
-                    let words = dst.chunks_exact_mut(WORD).zip(run.data.chunks_exact(WORD));
-                    for ((d, s), &m) in words.zip(masks) {
-                        let keep = crate::mem::pack::byte_mask(m);
-                        let old = u64::from_le_bytes((&*d).try_into().expect("8 bytes"));
-                        let new = u64::from_le_bytes(s.try_into().expect("8 bytes"));
-                        d.copy_from_slice(&((old & !keep) | (new & keep)).to_le_bytes());
-                    }
-                }
-            }
+        let b: &[u8] = &self.0;
+        SPANS.with_borrow_mut(|runs| {
+            runs.clear();
+            spans(b, page.len(), |span| runs.push(span))?;
+            runs.iter().for_each(|span| apply_run(span.run(b), page));
+            Ok(())
         })
     }
 
     fn walk<'a>(&'a self, page_size: usize, mut f: impl FnMut(RunRef<'a>)) -> Result<(), DiffError> {
         // Deref the shared bytes once (a call through the owner's vtable), not per field.
         let b: &'a [u8] = &self.0;
-        let words = page_size / WORD;
-        let (mut at, mut pos) = (0usize, 0usize);
-        while at < b.len() {
-            let truncated = DiffError::Truncated { at, len: b.len() };
-            let gap = get_varint(b, &mut at).ok_or(truncated.clone())?;
-            let header = get_varint(b, &mut at).ok_or(truncated.clone())?;
-            let (len, kind) = (header >> 2, header & 3);
-            let first_word = pos.checked_add(gap).filter(|f| f.checked_add(len).is_some_and(|e| e <= words));
-            let first_word = first_word.ok_or(DiffError::Overrun {
-                offset: pos.saturating_add(gap).saturating_mul(WORD),
-                len: len.saturating_mul(WORD),
-                page_size,
-            })?;
-            let full = if kind == DENSE {
-                let bitmap = b.get(at..at + len.div_ceil(8)).ok_or(truncated.clone())?;
-                at += bitmap.len();
-                Some(bitmap)
-            } else {
-                None
-            };
-            let masks = match (kind, full) {
-                (FULL, _) => None,
-                (_, Some(bitmap)) => Some(crate::mem::pack::shortened_len(bitmap, len)),
-                _ => Some(len),
-            };
-            let masks = match masks {
-                Some(n) => {
-                    let m = b.get(at..at + n).ok_or(truncated.clone())?;
-                    at += n;
-                    Some(m)
-                }
-                None => None,
-            };
-            let packed = kind == PACKED || kind == DENSE;
-            let data_len = match masks {
-                // A dense run's full words carry their 8 bytes each.
-                Some(m) if packed => crate::mem::pack::packed_len(m) + WORD * (len - m.len()),
-                _ => len * WORD,
-            };
-            let data = b.get(at..at + data_len).ok_or(truncated)?;
-            f(RunRef { first_word, words: len, masks, full, packed, data });
-            at += data_len;
-            pos = first_word + len;
-        }
-        Ok(())
+        spans(b, page_size, |span| f(span.run(b)))
     }
+}
+
+/// Writes the changed bytes of one run, checked, into `page`.
+fn apply_run(run: RunRef<'_>, page: &mut [u8]) {
+    let at = run.first_word * WORD;
+    let dst = &mut page[at..at + run.words * WORD];
+    match (run.masks, run.full) {
+        (None, _) => dst.copy_from_slice(run.data),
+        (Some(rest), Some(bitmap)) => crate::mem::pack::unpack_dense(dst, bitmap, rest, run.data),
+        (Some(masks), None) if run.packed => crate::mem::pack::unpack(dst, masks, run.data),
+        (Some(masks), None) => {
+            let words = dst.chunks_exact_mut(WORD).zip(run.data.chunks_exact(WORD));
+            for ((d, s), &m) in words.zip(masks) {
+                let keep = crate::mem::pack::byte_mask(m);
+                let old = u64::from_le_bytes((&*d).try_into().expect("8 bytes"));
+                let new = u64::from_le_bytes(s.try_into().expect("8 bytes"));
+                d.copy_from_slice(&((old & !keep) | (new & keep)).to_le_bytes());
+            }
+        }
+    }
+}
+
+/// Where one run's parts lie in a diff's encoding: a [`RunRef`] by byte offsets, which
+/// [`Diff::apply`] keeps between checking every run and applying them.
+#[derive(Clone, Copy)]
+struct RunSpan {
+    first_word: usize,
+    words: usize,
+    kind: usize,
+    /// Where the bitmap (dense runs), the masks and the data begin, and where the data ends.
+    bitmap: usize,
+    masks: usize,
+    data: usize,
+    end: usize,
+}
+
+impl RunSpan {
+    fn run<'a>(&self, b: &'a [u8]) -> RunRef<'a> {
+        RunRef {
+            first_word: self.first_word,
+            words: self.words,
+            masks: (self.kind != FULL).then(|| &b[self.masks..self.data]),
+            full: (self.kind == DENSE).then(|| &b[self.bitmap..self.masks]),
+            packed: self.kind == PACKED || self.kind == DENSE,
+            data: &b[self.data..self.end],
+        }
+    }
+}
+
+/// Decodes the runs of the encoding `b` for a page of `page_size` bytes, checking every length
+/// and offset, and hands each to `f` in order.
+fn spans(b: &[u8], page_size: usize, mut f: impl FnMut(RunSpan)) -> Result<(), DiffError> {
+    let words = page_size / WORD;
+    let (mut at, mut pos) = (0usize, 0usize);
+    while at < b.len() {
+        let truncated = DiffError::Truncated { at, len: b.len() };
+        let gap = get_varint(b, &mut at).ok_or(truncated.clone())?;
+        let header = get_varint(b, &mut at).ok_or(truncated.clone())?;
+        let (len, kind) = (header >> 2, header & 3);
+        let first_word = pos.checked_add(gap).filter(|f| f.checked_add(len).is_some_and(|e| e <= words));
+        let first_word = first_word.ok_or(DiffError::Overrun {
+            offset: pos.saturating_add(gap).saturating_mul(WORD),
+            len: len.saturating_mul(WORD),
+            page_size,
+        })?;
+        let bitmap = at;
+        let masks = if kind == DENSE { bitmap + len.div_ceil(8) } else { bitmap };
+        let mask_bytes = match kind {
+            FULL => 0,
+            DENSE => crate::mem::pack::shortened_len(b.get(bitmap..masks).ok_or(truncated.clone())?, len),
+            _ => len,
+        };
+        let data = masks + mask_bytes;
+        let m = b.get(masks..data).ok_or(truncated.clone())?;
+        let data_len = match kind {
+            // A dense run's full words carry their 8 bytes each.
+            PACKED | DENSE => crate::mem::pack::packed_len(m) + WORD * (len - mask_bytes),
+            _ => len * WORD,
+        };
+        let end = data + data_len;
+        if end > b.len() {
+            return Err(truncated);
+        }
+        f(RunSpan { first_word, words: len, kind, bitmap, masks, data, end });
+        at = end;
+        pos = first_word + len;
+    }
+    Ok(())
+}
+
+thread_local! {
+    /// The runs of the diff being applied, checked ([`Diff::apply`]).
+    static SPANS: RefCell<Vec<RunSpan>> = const { RefCell::new(Vec::new()) };
 }
 
 #[cfg(test)]
