@@ -588,35 +588,43 @@ impl<M: PageMemory> Node<M> {
             &log.get(node, index).expect("a logged record stays until its notices apply").pages
         }
         // Our twins of pages others wrote are cut (their diffs made) before the notices are
-        // recorded, all revoked first with one protection change per run of pages.
-        let mut cut: Vec<PageIdx> = new
+        // recorded, all revoked first with one protection change per run of pages. Where no
+        // invalidation can wait for a push, every other page the notices name is invalidated in
+        // the same runs: our twinned pages lie between theirs (radix sort's pages written by
+        // both nodes, one at each end of every run of the other's), and revoked on their own,
+        // each was a run, and a system call, of its own.
+        let mut named: Vec<PageIdx> =
+            new.iter().flat_map(|&(node, index)| logged(&self.log, node, index).iter().copied()).collect();
+        named.sort_unstable();
+        named.dedup();
+        let cut: Vec<PageIdx> =
+            named.iter().copied().filter(|p| self.pages[p.idx()].twin.is_some()).collect();
+        let at_once = !self.may_defer_invalidations();
+        let revoke: Vec<PageIdx> = (if at_once { &named } else { &cut })
             .iter()
-            .flat_map(|&(node, index)| logged(&self.log, node, index).iter().copied())
-            .filter(|p| self.pages[p.idx()].twin.is_some())
+            .copied()
+            .filter(|&p| self.mem.access(p) != Access::None)
             .collect();
-        cut.sort_unstable();
-        cut.dedup();
-        let revoke: Vec<PageIdx> =
-            cut.iter().copied().filter(|&p| self.mem.access(p) != Access::None).collect();
+        if at_once {
+            // Counted as `invalidate` counts them: the pages it would have found valid.
+            let others = revoke.iter().filter(|p| self.pages[p.idx()].twin.is_none()).count();
+            self.stats.invalidations += others as u64;
+        }
         self.set_access_in_runs(revoke, Access::None);
         for p in cut {
             self.cut_revoked(p, Access::None, false);
         }
-        let mut invalid = Vec::new();
         for (node, index) in new {
             let pages = logged(&self.log, node, index);
             for &p in pages {
                 let w = self.pages[p.idx()].writer(node, n, &mut self.acct.writer_tables);
                 w.noticed = w.noticed.max(index);
-                invalid.push(p);
             }
             self.stats.intervals_incorporated += 1;
             self.stats.write_notices_received += pages.len() as u64;
         }
         self.note_peak();
-        invalid.sort_unstable();
-        invalid.dedup();
-        self.invalidate(&invalid);
+        self.invalidate(&named);
     }
 
     /// Revokes all access to `pages` (ascending), in runs; while a barrier is passed, those a push

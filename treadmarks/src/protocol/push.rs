@@ -506,11 +506,16 @@ impl<M: PageMemory> Node<M> {
         self.push.expected_from = from;
     }
 
+    /// Whether some invalidation may wait for pushes: a barrier's release announced some.
+    pub(crate) fn may_defer_invalidations(&self) -> bool {
+        !self.push.expected_from.is_empty()
+    }
+
     /// Whether the invalidation of page `p`, whose notices a barrier's release just applied,
     /// waits for the pushes (see the module docs): its only stale writer announced a push, has
     /// credit for the page, and the page is read-only and wholly ours to update.
     pub(crate) fn defers_invalidation(&self, p: PageIdx) -> bool {
-        if self.push.expected_from.is_empty() {
+        if !self.may_defer_invalidations() {
             return false;
         }
         let meta = &self.pages[p.idx()];

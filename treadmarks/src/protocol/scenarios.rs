@@ -1107,6 +1107,33 @@ fn pages_served_with_their_twins_renewed_are_never_frozen() {
 }
 
 #[test]
+fn twinned_pages_among_the_pages_notices_name_are_revoked_in_the_same_call() {
+    // Node 1 writes pages 1-6; node 0 writes other bytes of pages 1 and 6 (radix sort's pages
+    // at each end of a run of the other node's). At the barrier node 0 cuts its twins of pages
+    // 1 and 6 and invalidates 2-5: one call for all six, where no push is announced.
+    let mut net = Net::with_pages(2, 8);
+    for p in 1..=6 {
+        assert_eq!(net.read(0, p, 0), 0);
+    }
+    for p in 1..=6 {
+        net.write(1, p, 0, 7);
+    }
+    net.write(0, 1, 1, 8);
+    net.write(0, 6, 1, 9);
+    let calls = net.nodes[0].mem().invalidating_calls();
+    net.barrier();
+    assert_eq!(net.nodes[0].mem().invalidating_calls() - calls, 1);
+    assert_eq!(net.nodes[0].stats().invalidations, 4, "pages 2-5; pages 1 and 6 were cut");
+    for p in 1..=6 {
+        assert_eq!(net.nodes[0].mem().access(PageIdx(p)), Access::None, "page {p}");
+        assert_eq!(net.read(0, p, 0), 7);
+        assert_eq!(net.read(1, p, 0), 7);
+    }
+    assert_eq!((net.read(0, 1, 1), net.read(1, 1, 1)), (8, 8));
+    assert_eq!((net.read(0, 6, 1), net.read(1, 6, 1)), (9, 9));
+}
+
+#[test]
 fn pages_invalidated_around_an_invalid_one_take_one_call() {
     let mut net = Net::with_pages(2, 8);
     for p in [1, 2, 3, 6] {
