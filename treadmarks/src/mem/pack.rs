@@ -306,16 +306,8 @@ fn expand_masks_bmi2(bitmap: &[u8], rest: &[u8], masks: &mut [u8]) {
     for (m, &bits) in masks.chunks_mut(8).zip(bitmap) {
         let (all, full) = (group_bits(m.len()), bits & group_bits(m.len()));
         let n = usize::from(all.count_ones() as u8 - full.count_ones() as u8);
-        // Eight masks where there are (pdep takes as many as the group needs), else the rest.
-        let v = if at + 8 <= rest.len() {
-            // SAFETY: `at + 8 <= rest.len()`, so the 8 bytes read lie inside `rest`;
-            // `read_unaligned` needs no alignment.
-            u64::from_le(unsafe { rest.as_ptr().add(at).cast::<u64>().read_unaligned() })
-        } else {
-            let mut b = [0u8; 8];
-            b[..n].copy_from_slice(&rest[at..at + n]);
-            u64::from_le_bytes(b)
-        };
+        // pdep takes as many masks as the group needs.
+        let v = word_at(rest, at, n);
         at += n;
         let full_bytes = EXPAND[usize::from(full)];
         let x = full_bytes | _pdep_u64(v, !full_bytes & EXPAND[usize::from(all)]);
@@ -454,12 +446,21 @@ fn pack_avx512(words: &[u8], masks: &[u8], out: &mut Vec<u8>) {
 }
 
 /// Up to eight masks as one little-endian word (bit `8 w + b`: byte `b` of word `w`).
+#[cfg(target_arch = "x86_64")]
 fn group_masks(m: &[u8]) -> u64 {
-    match m.try_into() {
-        Ok(eight) => u64::from_le_bytes(eight),
-        Err(_) => {
+    word_at(m, 0, m.len())
+}
+
+/// The `n` (at most 8) bytes of `bytes` at `at`, as the low bytes of a little-endian word: one
+/// load where eight bytes are there (the bytes past the `n` are then whatever follows), else
+/// those `n` and zeros.
+#[cfg(target_arch = "x86_64")]
+fn word_at(bytes: &[u8], at: usize, n: usize) -> u64 {
+    match bytes.get(at..at + 8) {
+        Some(eight) => u64::from_le_bytes(eight.try_into().expect("8 bytes")),
+        None => {
             let mut b = [0u8; 8];
-            b[..m.len()].copy_from_slice(m);
+            b[..n].copy_from_slice(&bytes[at..at + n]);
             u64::from_le_bytes(b)
         }
     }
@@ -530,16 +531,8 @@ fn unpack_bmi2(dst: &mut [u8], masks: &[u8], packed: &[u8]) {
     let mut at = 0;
     for (d, &m) in dst.chunks_exact_mut(8).zip(masks) {
         let n = m.count_ones() as usize;
-        // Eight bytes where there are (pdep takes as many as the mask selects), else the rest.
-        let v = if at + 8 <= packed.len() {
-            // SAFETY: `at + 8 <= packed.len()`, so the 8 bytes read lie inside `packed`;
-            // `read_unaligned` needs no alignment.
-            u64::from_le(unsafe { packed.as_ptr().add(at).cast::<u64>().read_unaligned() })
-        } else {
-            let mut b = [0u8; 8];
-            b[..n].copy_from_slice(&packed[at..at + n]);
-            u64::from_le_bytes(b)
-        };
+        // pdep takes as many bytes as the mask selects.
+        let v = word_at(packed, at, n);
         at += n;
         let keep = EXPAND[usize::from(m)];
         let old = u64::from_le_bytes((&*d).try_into().expect("8 bytes"));
