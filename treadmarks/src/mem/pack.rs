@@ -274,11 +274,10 @@ fn shorten_masks_bmi2(masks: &[u8], out: &mut Vec<u8>) {
     let dst = out.spare_capacity_mut().as_mut_ptr().cast::<u8>();
     let mut at = groups;
     for (g, m) in masks.chunks(8).enumerate() {
-        let mut word = [0u8; 8];
-        word[..m.len()].copy_from_slice(m);
-        let x = u64::from_le_bytes(word);
-        // Equal to 0xff: all ones after adding one to each byte's low seven bits and or-ing
-        // the byte back, then the high bit of the complement.
+        let x = group_masks(m);
+        // A mask is 0xff where its byte of `!x` is zero. `((y & LOW7) + LOW7) | y` has a byte's
+        // high bit set where that byte of `y` is not zero (no carry crosses a byte), and the
+        // multiplication gathers the eight high bits into the top byte.
         const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
         let not_full = ((((!x) & LOW7) + LOW7) | !x) & 0x8080_8080_8080_8080;
         let full = ((!not_full & 0x8080_8080_8080_8080) >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56;
