@@ -60,6 +60,10 @@ pub(crate) struct GcRound {
     pub pages: Vec<PageIdx>,
 }
 
+/// How many times the collection threshold a node's consistency data reaches before it warns
+/// that no barrier collects it ([`Node::warn_if_collection_overdue`]).
+pub const OVERDUE_FACTOR: u64 = 2;
+
 impl<M: PageMemory> Node<M> {
     /// Bytes of consistency data this node holds now.
     pub fn consistency_bytes(&self) -> u64 {
@@ -93,13 +97,18 @@ impl<M: PageMemory> Node<M> {
         self.gc_force || self.reclaimable_bytes() > self.cfg.gc_threshold
     }
 
-    /// Lock-only programs never collect by themselves: say so once when it is overdue.
+    /// Lock-only programs never collect by themselves: say so once when it is overdue. The data
+    /// passes the threshold between two barriers of a program that has them, and the next one
+    /// collects it; only at [`OVERDUE_FACTOR`] times the threshold has no barrier come when one
+    /// would have (water at 2,000 steps was told to call barriers, which it does).
     pub(crate) fn warn_if_collection_overdue(&mut self) {
-        if !self.gc_warned && self.reclaimable_bytes() > self.cfg.gc_threshold {
+        let overdue = self.cfg.gc_threshold.saturating_mul(OVERDUE_FACTOR);
+        if !self.gc_warned && self.reclaimable_bytes() > overdue {
             self.gc_warned = true;
             self.warnings.push_back(format!(
-                "consistency data is {} bytes, over the collection threshold of {} bytes, and only a \
-                 barrier collects it: call Tmk::collect() (a collective) or a barrier now and then",
+                "consistency data is {} bytes, {OVERDUE_FACTOR} times the collection threshold of {} \
+                 bytes, and only a barrier collects it: a program that synchronizes with locks alone \
+                 should call Tmk::collect() (a collective) or a barrier now and then",
                 self.consistency_bytes(),
                 self.cfg.gc_threshold
             ));

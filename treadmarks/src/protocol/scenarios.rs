@@ -134,6 +134,51 @@ impl Net {
 }
 
 #[test]
+fn the_collection_warning_comes_only_where_no_barrier_collects() {
+    // Two nodes pass lock 0 back and forth, each writing its page under it: the consistency data
+    // grows by some bytes every round. With a threshold of two and a half rounds' growth, a
+    // barrier every four rounds collects what passed it (the data is over the threshold at the
+    // fourth round's acquires); without barriers the data grows on.
+    let grant_round = |net: &mut Net, round: usize| {
+        for i in 0..2 {
+            net.nodes[i].request_acquire(LockId(0)).unwrap();
+            net.settle();
+            assert_eq!(net.done(i), Some(AppDone::Acquired(LockId(0))));
+            net.write(i, 1 + i as u32, round % 64, round as u8 | 1);
+            net.nodes[i].request_release(LockId(0)).unwrap();
+            net.settle();
+        }
+    };
+    let mut probe = Net::new(2);
+    grant_round(&mut probe, 0);
+    let before = probe.nodes[0].reclaimable_bytes();
+    grant_round(&mut probe, 1);
+    let growth = probe.nodes[0].reclaimable_bytes() - before;
+    assert!(growth > 0);
+    for barriers in [false, true] {
+        let mut net = Net::new(2);
+        let threshold = 2 * growth + growth / 2;
+        for node in &mut net.nodes {
+            node.cfg.gc_threshold = threshold;
+        }
+        let (mut warnings, mut over) = (0, false);
+        for round in 0..40 {
+            grant_round(&mut net, round);
+            over |= net.nodes.iter().any(|n| n.reclaimable_bytes() > threshold);
+            for node in &mut net.nodes {
+                warnings += std::iter::from_fn(|| node.poll_warning()).count();
+            }
+            if barriers && round % 4 == 3 {
+                net.barrier();
+            }
+        }
+        assert!(over, "the data passed the threshold between barriers");
+        assert_eq!(warnings, if barriers { 0 } else { 2 }, "barriers: {barriers}");
+        assert_eq!(net.nodes[0].stats().collections > 0, barriers);
+    }
+}
+
+#[test]
 fn reacquiring_a_lock_nobody_asked_for_costs_no_message() {
     let mut net = Net::new(2);
     // Lock 1 is managed by node 1; node 0 asks for it: request to the manager, manager (the last
