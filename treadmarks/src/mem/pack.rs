@@ -237,14 +237,7 @@ fn expand_masks_avx512(bitmap: &[u8], rest: &[u8], masks: &mut [u8]) {
     let mut at = 0;
     for (g, m) in masks.chunks_mut(64).enumerate() {
         let valid = lanes(m.len());
-        let full = match bitmap.get(8 * g..8 * g + 8) {
-            Some(eight) => u64::from_le_bytes(eight.try_into().expect("8 bytes")),
-            None => {
-                let mut bits = [0u8; 8];
-                bits[..bitmap.len() - 8 * g].copy_from_slice(&bitmap[8 * g..]);
-                u64::from_le_bytes(bits)
-            }
-        } & valid;
+        let full = word_at(bitmap, 8 * g, (bitmap.len() - 8 * g).min(8)) & valid;
         let n = (!full & valid).count_ones() as usize;
         // SAFETY: the load reads only the `n` lanes its mask selects, the next `n` bytes of
         // `rest` (`expand_masks` checked it holds a mask per word not full); the store writes
