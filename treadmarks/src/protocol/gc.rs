@@ -62,7 +62,7 @@ pub(crate) struct GcRound {
 
 /// How many times the collection threshold a node's consistency data reaches before it warns
 /// that no barrier collects it ([`Node::warn_if_collection_overdue`]).
-pub const OVERDUE_FACTOR: u64 = 2;
+pub(crate) const OVERDUE_FACTOR: u64 = 2;
 
 impl<M: PageMemory> Node<M> {
     /// Bytes of consistency data this node holds now.
