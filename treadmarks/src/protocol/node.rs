@@ -146,6 +146,10 @@ pub struct Node<M> {
     pub(crate) misses: BTreeMap<PageIdx, Miss>,
     /// Pages of the validation in progress that are up to date, to be made readable together.
     pub(crate) validated: Vec<PageIdx>,
+    /// The pages of the application's write view, sorted, until the interval ends (a view does
+    /// not outlive it): one served meanwhile has its twin renewed, however old, rather than
+    /// being frozen, since the application is about to write it (`Node::request_view`).
+    pub(crate) writing: Vec<PageIdx>,
     pub(crate) acct: Accounting,
     /// Pages of streaming views on their way, and those that just arrived.
     pub(crate) stream: StreamState,
@@ -198,6 +202,7 @@ impl<M: PageMemory> Node<M> {
             pending: Pending::None,
             misses: BTreeMap::new(),
             validated: Vec::new(),
+            writing: Vec::new(),
             acct: Accounting::default(),
             stream: StreamState::default(),
             push: PushState::default(),
@@ -428,6 +433,7 @@ impl<M: PageMemory> Node<M> {
     /// cost qsort a notice for every page a node had served: 1,024 pages invalidated, cut and
     /// asked for again by the next acquirer of the queue's lock, for nothing.
     pub(crate) fn close_interval(&mut self, blocked: bool) {
+        self.writing.clear();
         if matches!(self.pending, Pending::Barrier(_)) {
             // A barrier's release: our arrival closed the interval and the application has been
             // blocked since, so it wrote nothing and every twin opened since (a push renewing

@@ -253,10 +253,18 @@ impl<M: PageMemory> Node<M> {
 
     /// Whether cutting the twin of page `p`, made in interval `first`, for protection `then`
     /// renews it (see [`Node::cut_twin`]): the page is being served (`then` is `Read`), was
-    /// writable and twinned in the latest closed interval or the open one (`recent`), and was
-    /// not declared overwritten. Returns (`recent`, renewed).
+    /// writable and twinned in the latest closed interval or the open one, or lies in the
+    /// application's write view (`recent`), and was not declared overwritten. Returns
+    /// (`recent`, renewed).
+    ///
+    /// The view: radix sort's pages at each end of a node's runs are written by both nodes,
+    /// each keeping the twin its fill made before the sort; the other node fetches such a page
+    /// while this one writes its part, and frozen, the page took a fault and a kernel write
+    /// fault, ~420 pages a node a run.
     fn renewal(&self, p: PageIdx, first: IntervalIdx, then: Access, was_writable: bool) -> (bool, bool) {
-        let recent = then == Access::Read && was_writable && first >= self.vt.get(self.me);
+        let recent = then == Access::Read
+            && was_writable
+            && (first >= self.vt.get(self.me) || self.writing.binary_search(&p).is_ok());
         (recent, recent && !self.pages[p.idx()].whole)
     }
 
@@ -455,6 +463,9 @@ impl<M: PageMemory> Node<M> {
         self.begin("validate")?;
         for &p in pages.iter().chain(whole) {
             self.check_page(self.me, p)?;
+        }
+        if write {
+            self.writing = sorted(pages);
         }
         // Only the declared pages that are also validated (sorted once, and only if there are
         // any: this runs for every view).

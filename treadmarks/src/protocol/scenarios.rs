@@ -1103,6 +1103,47 @@ fn a_page_declared_overwritten_is_not_renewed_when_served() {
 }
 
 #[test]
+fn a_page_of_the_write_view_served_with_an_old_twin_is_renewed_not_frozen() {
+    // Node 0 writes pages 1 and 3 before the sort, and keeps their twins while it closes a
+    // later interval (page 5 written): old twins, nobody having asked for them. It then opens a
+    // write view of pages 1 and 2 (page 2 is stale, so the view fetches) and runs; node 1 reads
+    // pages 1 and 3 meanwhile.
+    let mut net = Net::with_pages(2, 8);
+    net.write(0, 1, 0, 1);
+    net.write(0, 3, 0, 3);
+    net.write(1, 2, 0, 2);
+    net.barrier();
+    net.write(0, 5, 0, 5);
+    net.barrier();
+    net.nodes[0].request_validate(&[PageIdx(1), PageIdx(2)], true).unwrap();
+    net.settle();
+    assert_eq!(net.done(0), Some(AppDone::Validated));
+    let renewed = net.nodes[0].stats().twins_renewed;
+    for (p, value) in [(1, 1), (3, 3)] {
+        let changes = net.nodes[0].mem().protection_changes(PageIdx(p));
+        assert_eq!(net.read(1, p, 0), value);
+        let frozen = net.nodes[0].mem().protection_changes(PageIdx(p)) > changes;
+        let access = net.nodes[0].mem().access(PageIdx(p));
+        if p == 1 {
+            // In the view: renewed from a snapshot, still writable, never frozen.
+            assert!(!frozen, "page 1 was frozen");
+            assert_eq!(access, Access::ReadWrite);
+        } else {
+            // Outside it, an old twin: the page is frozen and stays read-only.
+            assert!(frozen, "page 3 was not frozen");
+            assert_eq!(access, Access::Read);
+        }
+    }
+    assert_eq!(net.nodes[0].stats().twins_renewed, renewed + 1);
+    // Node 0's next write to page 1 takes no fault; its diff goes to node 1 at the barrier.
+    let faults = net.nodes[0].stats().write_faults;
+    net.write(0, 1, 1, 7);
+    assert_eq!(net.nodes[0].stats().write_faults, faults);
+    net.barrier();
+    assert_eq!((net.read(1, 1, 0), net.read(1, 1, 1)), (1, 7));
+}
+
+#[test]
 fn pages_served_with_their_twins_renewed_are_never_frozen() {
     let mut net = Net::new(3);
     net.write(0, 1, 0, 1);
