@@ -732,13 +732,13 @@ impl Heap {
                 self.note_mapped(first, count, false);
                 Ok(())
             }
-            // Whatever the old states of the run (invalid pages among valid ones too).
-            (_, state::READ_WRITE) => self.make_writable(uffd, first, count),
             (state::INVALID, _) => {
-                uffd.continue_range(start, len, true, self.page_size).map_err(|e| ("UFFDIO_CONTINUE", e))?;
+                uffd.continue_range(start, len, new != state::READ_WRITE, self.page_size)
+                    .map_err(|e| ("UFFDIO_CONTINUE", e))?;
                 self.note_mapped(first, count, true);
                 Ok(())
             }
+            (_, state::READ_WRITE) => self.make_writable(uffd, first, count),
             (_, _) => uffd
                 .writeprotect(start, len, new != state::READ_WRITE)
                 .map_err(|e| ("UFFDIO_WRITEPROTECT", e)),
@@ -759,34 +759,18 @@ impl Heap {
 const REMAP_MIN_RUN: u32 = 4;
 
 impl Heap {
-    /// Userfaultfd backend: pages `first..first+count`, write-protected or invalid, become
-    /// writable. Pages the application view does not map yet (never touched there since they
-    /// were allocated or last invalidated) are mapped writable at once, which spares each a
-    /// minor fault on its first write (a signal and an ioctl, ~4 µs). Mapped runs of
-    /// [`REMAP_MIN_RUN`] pages or more are unmapped and mapped again writable, which spares each
-    /// a kernel write fault, and so are shorter ones where the range has unmapped pages too
-    /// (the whole range then goes in one `MADV_DONTNEED` and one `UFFDIO_CONTINUE`); a range of
-    /// fewer mapped pages and nothing else loses its write protection in place. An application
-    /// access between the unmapping and the mapping is a minor fault on a valid page, which the
-    /// fault handler maps; the mapping here then finds it mapped (EEXIST) and clears its
-    /// protection instead.
+    /// Userfaultfd backend: write-protected pages `first..first+count` become writable. Pages
+    /// the application view does not map yet (never touched there since they were allocated or
+    /// last invalidated) are mapped writable at once, which spares each a minor fault on its
+    /// first write (a signal and an ioctl, ~4 µs). Mapped runs of [`REMAP_MIN_RUN`] pages or
+    /// more are unmapped and mapped again writable, which spares each a kernel write fault;
+    /// shorter ones lose their write protection in place. An application access between the
+    /// unmapping and the mapping is a minor fault on a valid page, which the fault handler
+    /// maps; the mapping here then finds it mapped (EEXIST) and clears its protection instead.
     fn make_writable(&self, uffd: &Uffd, first: u32, count: u32) -> Result<(), (&'static str, i32)> {
         let ps = self.page_size;
-        let end = first + count;
-        let mapped = |k: u32| self.mapped[k as usize].load(Ordering::Relaxed);
-        if (first..end).any(|k| !mapped(k)) && (first..end).any(mapped) {
-            let start = self.app.as_ptr() as usize + first as usize * ps;
-            let len = count as usize * ps;
-            self.ensure_allocated(first, count).map_err(|e| ("fallocate", e))?;
-            // SAFETY: as below.
-            if unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_DONTNEED) } != 0 {
-                return Err(("madvise(MADV_DONTNEED)", super::sigsafe::errno()));
-            }
-            uffd.continue_range(start, len, false, ps).map_err(|e| ("UFFDIO_CONTINUE", e))?;
-            self.note_mapped(first, count, true);
-            return Ok(());
-        }
         let mut i = first;
+        let end = first + count;
         while i < end {
             let mapped = self.mapped[i as usize].load(Ordering::Relaxed);
             let j =

@@ -65,12 +65,8 @@ impl HeapPages {
         // userfaultfd: one change per sub-run of equal old state (the operation depends on it;
         // runs are almost always homogeneous), but for invalidation, which drops the entries of
         // the whole run at once whatever they were (pages invalid already have none; the
-        // protocol invalidates runs that go on across them), and for making pages writable,
-        // which maps the unmapped ones and remaps the mapped ones with them (`Heap::make_writable`:
-        // radix sort twins ahead runs of stale pages with a valid one at each end, which on
-        // their own lost only their write protection and took a kernel write fault each).
-        // mprotect: one call for the run.
-        let split = heap.backend() == FaultBackend::Uffd && new != state::INVALID && new != state::READ_WRITE;
+        // protocol invalidates runs that go on across them). mprotect: one call for the run.
+        let split = heap.backend() == FaultBackend::Uffd && new != state::INVALID;
         let mut i = 0usize;
         while i < old.len() {
             let mut j = i + 1;
@@ -79,10 +75,9 @@ impl HeapPages {
             }
             let sub_first = first.0 + i as u32;
             // The operation follows the old state; an invalidation's, any page's but an invalid
-            // one (whose change alone would be none), and so a change to writable's, any page's
-            // but a writable one.
-            let from = if new == state::INVALID || new == state::READ_WRITE {
-                old[i..j].iter().copied().find(|&s| s != new).unwrap_or(new)
+            // one (whose change alone would be none).
+            let from = if new == state::INVALID {
+                old[i..j].iter().copied().find(|&s| s != state::INVALID).unwrap_or(state::INVALID)
             } else {
                 old[i]
             };
