@@ -408,11 +408,7 @@ impl Tmk {
             if unwritable.len() >= TWIN_AHEAD_MIN_PAGES {
                 // Every page of the parts, writable ones too: the node renews the twin of one it
                 // serves meanwhile rather than freezing it (`Node::request_view`).
-                let all = self.pages_of_parts(h, parts.iter().cloned(), |heap, offset, len| {
-                    let ps = heap.page_size() as u64;
-                    let end = if len == 0 { offset / ps } else { (offset + len).div_ceil(ps) };
-                    (offset / ps..end).map(|p| PageIdx(p as u32)).collect()
-                })?;
+                let all = self.pages_of_parts(h, parts.iter().cloned(), Heap::overlapping_pages)?;
                 // The pages wholly inside a part; the node keeps those it validates.
                 let whole = if overwrite {
                     self.pages_of_parts(h, parts, |heap, offset, len| {

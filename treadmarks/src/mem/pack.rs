@@ -211,10 +211,11 @@ fn shorten_masks_avx512(masks: &[u8], out: &mut Vec<u8>) {
         let full = _mm512_cmpeq_epi8_mask(v, _mm512_set1_epi8(-1)) & valid;
         let bits = full.to_le_bytes();
         let bits = &bits[..m.len().div_ceil(8)];
-        // SAFETY: group `g` writes its bitmap bytes, `8 g..8 g + bits.len()`, all below
-        // `bitmap_len` (where no mask goes), and 64 bytes at `at`, which is `bitmap_len` plus
-        // at most 64 per group before this one: all inside the `bitmap_len + 64 * groups` bytes
-        // reserved. Unaligned stores need no alignment.
+        // Group `g` writes its bitmap bytes, `8 g..8 g + bits.len()`, all below `bitmap_len`
+        // (where no mask goes), and 64 bytes at `at`, which is `bitmap_len` plus at most 64 per
+        // group before this one.
+        // SAFETY: so both writes lie in the `bitmap_len + 64 * groups` bytes reserved above;
+        // unaligned stores need no alignment.
         unsafe {
             std::ptr::copy_nonoverlapping(bits.as_ptr(), dst.add(8 * g), bits.len());
             _mm512_storeu_si512(dst.add(at).cast(), _mm512_maskz_compress_epi8(!full & valid, v));
@@ -469,11 +470,11 @@ fn unpack_avx512(dst: &mut [u8], masks: &[u8], packed: &[u8]) {
     for (m, d) in masks.chunks(8).zip(dst.chunks_mut(64)) {
         let k = group_masks(m);
         let here = lanes(d.len());
-        // SAFETY: the packed bytes are read 64 at a time where there are 64, else only those
-        // there are (a masked load reads only the lanes it selects, and `at` is at most
-        // `packed.len()`: `unpack` checked that `packed` holds every byte the masks select);
-        // `d` is the group's `8 * m.len()` bytes of `dst`, the only ones the masked load and
-        // store touch. Unaligned loads and stores need no alignment, and `dst` is not aliased.
+        // The packed bytes are read 64 at a time where there are 64, else only those there are:
+        // a masked load reads only the lanes it selects, and `at` is at most `packed.len()`
+        // (`unpack` checked that `packed` holds every byte the masks select).
+        // SAFETY: so every read lies in `packed`, and `d` (the group's bytes of `dst`, not
+        // aliased) is all the loads and stores of `d` touch; none needs alignment.
         unsafe {
             let src = if at + 64 <= packed.len() {
                 _mm512_loadu_si512(packed.as_ptr().add(at).cast())

@@ -18,6 +18,11 @@ impl Heap {
         self.pages_with(offset, len, |a| a != Access::ReadWrite)
     }
 
+    /// Every page overlapping bytes `offset .. offset + len`, whatever its state.
+    pub fn overlapping_pages(&self, offset: u64, len: u64) -> Vec<PageIdx> {
+        self.pages_with(offset, len, |_| true)
+    }
+
     fn pages_with(&self, offset: u64, len: u64, keep: impl Fn(Access) -> bool) -> Vec<PageIdx> {
         if len == 0 {
             return Vec::new();
