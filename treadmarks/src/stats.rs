@@ -109,7 +109,7 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let p = &self.protocol;
         let sent = self.sent();
-        let fields: [(&str, f64); 50] = [
+        let fields: [(&str, f64); 51] = [
             ("node", f64::from(self.node.0)),
             ("nprocs", f64::from(self.nprocs)),
             ("msgs_sent", sent.msgs as f64),
@@ -118,6 +118,7 @@ impl Stats {
             ("write_faults", (p.write_faults + self.fast_write_faults) as f64),
             ("twins", (p.twins + p.fast_twins + p.twins_ahead) as f64),
             ("twins_ahead", p.twins_ahead as f64),
+            ("twins_skipped", p.twins_skipped as f64),
             ("twins_renewed", p.twins_renewed as f64),
             ("renewals_skipped", p.renewals_skipped as f64),
             ("renewals_unfrozen", p.renewals_unfrozen as f64),
@@ -177,9 +178,10 @@ impl fmt::Display for Stats {
         )?;
         writeln!(
             f,
-            "  twins: {} ({} made ahead of writes, {} renewed ({} from a snapshot, unfrozen), {} not renewed (declared overwritten), {} of never-written pages without a copy; {} pages twinned, {} twin slots backed at startup)   diffs created: {} ({} B; 2 MiB chunks {} mapped, {} of them reserved at startup, {} reused)   diffs applied: {} ({} B)",
+            "  twins: {} ({} made ahead of writes, {} of them of pages declared overwritten, not copied; {} renewed ({} from a snapshot, unfrozen), {} not renewed (declared overwritten), {} of never-written pages without a copy; {} pages twinned, {} twin slots backed at startup)   diffs created: {} ({} B; 2 MiB chunks {} mapped, {} of them reserved at startup, {} reused)   diffs applied: {} ({} B)",
             p.twins + p.fast_twins + p.twins_ahead,
             p.twins_ahead,
+            p.twins_skipped,
             p.twins_renewed,
             p.renewals_unfrozen,
             p.renewals_skipped,

@@ -297,6 +297,15 @@ impl PageMemory for HeapPages {
         self.0.populate(pages.iter().map(|p| p.0));
     }
 
+    fn skip_twin(&mut self, p: PageIdx) {
+        let i = self.check(p);
+        let s = state::acquire_busy(self.0.state(i));
+        let writable = s == state::READ_WRITE;
+        self.0.note_written(i);
+        self.0.state(i).store(s, Ordering::Release);
+        assert!(!writable, "HeapPages::skip_twin({p}): the page is ReadWrite (bug in the caller)");
+    }
+
     fn make_twin(&mut self, p: PageIdx) {
         // A page not writable in the application view: nobody writes it.
         self.twin_unless(p, state::READ_WRITE, || {

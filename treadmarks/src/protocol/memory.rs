@@ -61,6 +61,11 @@ pub trait PageMemory {
     fn twin(&self, p: PageIdx) -> &[u8];
     /// Copies page `p` into its twin slot. Requires `access(p) != ReadWrite`.
     fn make_twin(&mut self, p: PageIdx);
+    /// Page `p` is about to be overwritten in full and diffed whole, so its twin is never read:
+    /// nothing is copied, and [`PageMemory::twin`] of `p` may not be read until the next
+    /// [`PageMemory::make_twin`] (the heap only notes that the page may no longer hold zeros).
+    /// Requires `access(p) != ReadWrite`, as [`PageMemory::make_twin`].
+    fn skip_twin(&mut self, p: PageIdx);
     /// About to twin `pages` (ascending) one by one: a chance to prepare them together (the heap
     /// backs pages nobody touched yet with memory in one call). Changes no byte.
     fn prepare_twins(&mut self, _pages: &[PageIdx]) {}
@@ -201,6 +206,11 @@ impl PageMemory for VecMemory {
         assert_ne!(self.access[p.idx()], Access::ReadWrite, "twin of writable {p}");
         let copy = self.pages[p.idx()].clone();
         self.twins[p.idx()] = Some(copy);
+    }
+
+    fn skip_twin(&mut self, p: PageIdx) {
+        assert_ne!(self.access[p.idx()], Access::ReadWrite, "twin of writable {p} skipped");
+        self.twins[p.idx()] = None;
     }
 
     fn same_as_twin(&self, p: PageIdx) -> bool {

@@ -1063,6 +1063,9 @@ fn a_valid_page_declared_overwritten_is_diffed_whole() {
     net.settle();
     assert_eq!(net.done(0), Some(AppDone::Validated));
     assert_eq!(net.nodes[0].stats().pages_overwritten, 0, "page 1 was up to date: nothing superseded");
+    // Page 1's twin would never be read: it was not copied (the simulated memory holds none,
+    // and panics if one is read); page 2's was.
+    assert_eq!((net.nodes[0].stats().twins_ahead, net.nodes[0].stats().twins_skipped), (2, 1));
     // Every byte written, byte 0 with the value it had.
     for b in 0..PAGE {
         net.write(0, 1, b, if b == 0 { 7 } else { 3 });

@@ -19,6 +19,8 @@ pub struct ProtocolStats {
     pub renewals_unfrozen: u64,
     /// Twins made ahead of writes for a mutable view (no fault on its first write).
     pub twins_ahead: u64,
+    /// Of those, twins of pages declared overwritten, which are never read and so not copied.
+    pub twins_skipped: u64,
     /// Twins made by the fault handler's fast path (reported through `handle_twin_made`).
     pub fast_twins: u64,
     /// Diffs created (lazily) and their encoded bytes.
@@ -99,6 +101,7 @@ impl std::ops::AddAssign<&ProtocolStats> for ProtocolStats {
         self.renewals_skipped += o.renewals_skipped;
         self.renewals_unfrozen += o.renewals_unfrozen;
         self.twins_ahead += o.twins_ahead;
+        self.twins_skipped += o.twins_skipped;
         self.fast_twins += o.fast_twins;
         self.diffs_created += o.diffs_created;
         self.diff_bytes_created += o.diff_bytes_created;

@@ -144,7 +144,7 @@ impl<M: PageMemory> Node<M> {
         if !self.stream.arrived_write.is_empty() {
             let mut pages = std::mem::take(&mut self.stream.arrived_write);
             pages.sort_unstable();
-            self.twin_ahead_of_writes(&pages);
+            self.twin_ahead_of_writes(&pages, &[]);
             pages.clear();
             self.stream.arrived_write = pages;
         }

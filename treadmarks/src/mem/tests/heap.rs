@@ -101,6 +101,34 @@ fn the_first_twin_of_a_never_written_page_takes_no_copy() {
 }
 
 #[test]
+fn a_skipped_twin_copies_nothing_but_the_next_twin_of_the_page_is_a_copy() {
+    let heap = Heap::map(layout(50, 2)).unwrap();
+    let mut pages = HeapPages(heap.clone());
+    // Page 1, never written, is declared overwritten: no twin, not even a zero one. The page
+    // is made writable and the application writes it.
+    pages.set_access(PageIdx(1), 1, Access::Read);
+    pages.skip_twin(PageIdx(1));
+    assert_eq!(heap.counters().zero_twins, 0);
+    pages.set_access(PageIdx(1), 1, Access::ReadWrite);
+    // SAFETY: inside the application view, page 1 just made writable.
+    unsafe { std::ptr::write_volatile(heap.app_base().add(4096 + 3), 8u8) };
+    pages.set_access(PageIdx(1), 1, Access::Read);
+    // Its first real twin cannot take the fresh slot's zeros: the page was written.
+    pages.make_twin(PageIdx(1));
+    assert_eq!(pages.twin(PageIdx(1))[3], 8);
+    assert_eq!(heap.counters().zero_twins, 0);
+}
+
+#[test]
+#[should_panic(expected = "skip_twin(page 0)")]
+fn skipping_the_twin_of_a_writable_page_is_refused() {
+    let heap = Heap::map(layout(51, 1)).unwrap();
+    let mut pages = HeapPages(heap);
+    pages.set_access(PageIdx(0), 1, Access::ReadWrite);
+    pages.skip_twin(PageIdx(0));
+}
+
+#[test]
 fn an_invalidation_runs_across_pages_invalid_already() {
     invalidation_across_invalid_on(FaultBackend::Mprotect, 32);
     if super::uffd_or_skip() {
