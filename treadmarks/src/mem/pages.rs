@@ -7,6 +7,7 @@
 //! `UFFDIO_CONTINUE` and `UFFDIO_WRITEPROTECT` on the userfaultfd backend). Every call checks the page-sharing rule against
 //! the page's atomic state and panics with context if the caller breaks it.
 
+use smallvec::SmallVec;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -60,7 +61,9 @@ impl HeapPages {
             return;
         }
         // Take every page of the run (the handler holds BUSY only briefly and never waits on us).
-        let old: Vec<u8> = (first.0..first.0 + count).map(|p| state::acquire_busy(heap.state(p))).collect();
+        // (Inline for runs of up to 64 pages: most runs, changed thousands of times a second.)
+        let old: SmallVec<[u8; 64]> =
+            (first.0..first.0 + count).map(|p| state::acquire_busy(heap.state(p))).collect();
         AtomicCounters::bump(&heap.counters.protect_calls);
         // userfaultfd: one change per sub-run of equal old state (the operation depends on it;
         // runs are almost always homogeneous), but for invalidation, which drops the entries of

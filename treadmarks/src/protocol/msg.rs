@@ -5,6 +5,12 @@ use super::ids::{BarrierId, DiffSeq, IntervalIdx, LockId, NodeId, PageIdx};
 use super::interval::IntervalRecord;
 use super::vtime::VectorTime;
 use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
+
+/// A page's diffs from one writer, as a message carries them: usually one (a writer's diffs
+/// of a page since the reader last applied one), kept inline so that a reply of hundreds of
+/// pages takes no allocation per page to build or decode.
+pub type DiffList = SmallVec<[DiffWire; 1]>;
 
 /// One diff as it travels in a [`Message::DiffReply`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -31,7 +37,7 @@ pub struct DiffAsk {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PageDiffs {
     pub page: PageIdx,
-    pub diffs: Vec<DiffWire>,
+    pub diffs: DiffList,
 }
 
 /// One page's worth of diffs sent unasked: pushed at a barrier ([`Message::DiffPush`]) or
@@ -43,7 +49,7 @@ pub struct UnaskedDiffs {
     /// it): the diffs are every one after it, up to the writer's newest interval the message
     /// makes known.
     pub after_seq: DiffSeq,
-    pub diffs: Vec<DiffWire>,
+    pub diffs: DiffList,
 }
 
 /// One page's worth of a [`Message::PageReply`].

@@ -53,10 +53,11 @@ use super::ProtocolError;
 use super::diff::Diff;
 use super::ids::{DiffSeq, IntervalIdx, NodeId, PageIdx};
 use super::memory::{Access, PageMemory};
-use super::msg::{DiffAsk, DiffWire, Message, PageCopy, PageDiffs, UnaskedDiffs};
+use super::msg::{DiffAsk, DiffList, DiffWire, Message, PageCopy, PageDiffs, UnaskedDiffs};
 use super::node::{AppDone, Node, Pending};
 use super::stream::from_both_ends;
 use super::vtime::VectorTime;
+use smallvec::SmallVec;
 
 /// Most pages one diff or page request names, so that a reply stays far below the transport's
 /// frame limit (about a page of data per page asked: ~1 MiB per reply with 4 KiB pages).
@@ -192,9 +193,11 @@ pub(crate) struct Miss {
     pub purpose: MissFor,
     /// Started by a streaming view (counted in `StreamState::in_flight` until it completes).
     pub streamed: bool,
-    /// Writers asked, with the interval asked up to, and whether they answered.
-    pub asked: Vec<(NodeId, IntervalIdx, bool)>,
-    pub diffs: Vec<(NodeId, DiffWire)>,
+    /// Writers asked, with the interval asked up to, and whether they answered. Inline, as
+    /// `diffs`, for the usual one or two writers: a fetch of thousands of pages then allocates
+    /// nothing per page.
+    pub asked: SmallVec<[(NodeId, IntervalIdx, bool); 2]>,
+    pub diffs: SmallVec<[(NodeId, DiffWire); 1]>,
     /// The node asked for a whole copy (the page was dropped by a collection), and the copy.
     pub base: Option<(NodeId, Option<Vec<u8>>)>,
 }
@@ -619,11 +622,13 @@ impl<M: PageMemory> Node<M> {
         let mut asks: Vec<Vec<DiffAsk>> = vec![Vec::new(); n];
         let mut copies: Vec<Vec<PageIdx>> = vec![Vec::new(); n];
         for &p in pages {
-            let (mut asked, mut diffs) = (Vec::new(), Vec::new());
-            let stale: Vec<(usize, WriterState)> = (self.pages[p.idx()].writers.iter().copied().enumerate())
-                .filter(|(_, st)| st.noticed > st.applied)
-                .collect();
-            for (w, st) in stale {
+            let (mut asked, mut diffs) = (SmallVec::new(), SmallVec::new());
+            for (w, asks_w) in asks.iter_mut().enumerate() {
+                // (Read in place: a list of the stale writers would be an allocation a page.)
+                let Some(&st) = self.pages[p.idx()].writers.get(w) else { break };
+                if st.noticed <= st.applied {
+                    continue;
+                }
                 let writer = NodeId(w as u16);
                 if let Some(pushed) = self.take_pushed(p, writer, st) {
                     if purpose != MissFor::Gc {
@@ -633,7 +638,7 @@ impl<M: PageMemory> Node<M> {
                     diffs.extend(pushed.into_iter().map(|d| (writer, d)));
                 } else {
                     asked.push((writer, st.noticed, false));
-                    asks[w].push(DiffAsk { page: p, want: st.noticed, after_seq: st.applied_seq });
+                    asks_w.push(DiffAsk { page: p, want: st.noticed, after_seq: st.applied_seq });
                 }
             }
             let base = self.pages[p.idx()].base_from.map(|h| {
@@ -760,7 +765,7 @@ impl<M: PageMemory> Node<M> {
         &mut self,
         p: PageIdx,
         from: NodeId,
-        mut diffs: Vec<DiffWire>,
+        mut diffs: DiffList,
         in_place: bool,
     ) -> Result<(), ProtocolError> {
         diffs.sort_by_key(|d| d.seq);
@@ -829,7 +834,7 @@ impl<M: PageMemory> Node<M> {
         &mut self,
         from: NodeId,
         p: PageIdx,
-        diffs: Vec<DiffWire>,
+        diffs: DiffList,
     ) -> Result<(), ProtocolError> {
         let slot = self.misses.get_mut(&p).and_then(|m| {
             let i = m.asked.iter().position(|(n, _, answered)| *n == from && !answered)?;

@@ -80,7 +80,7 @@
 use super::ProtocolError;
 use super::ids::{DiffSeq, IntervalIdx, NodeId, PageIdx};
 use super::memory::{Access, PageMemory};
-use super::msg::{DiffAsk, DiffWire, Message, PageDiffs, UnaskedDiffs};
+use super::msg::{DiffAsk, DiffList, DiffWire, Message, PageDiffs, UnaskedDiffs};
 use super::node::{Node, Pending};
 use super::page::{PageMeta, WriterState};
 use std::collections::BTreeMap;
@@ -146,7 +146,7 @@ pub(crate) struct Pushed {
     upto: IntervalIdx,
     /// The writer assumed we had applied its diffs of the page up to this one.
     after_seq: DiffSeq,
-    diffs: Vec<DiffWire>,
+    diffs: DiffList,
     /// Pushes chained into this entry.
     pushes: u32,
 }
@@ -443,7 +443,7 @@ impl<M: PageMemory> Node<M> {
 
     /// The diffs `w` pushed for page `p`, if they complete `p` for `w` (whose state we hold is
     /// `st`); taken either way.
-    pub(crate) fn take_pushed(&mut self, p: PageIdx, w: NodeId, st: WriterState) -> Option<Vec<DiffWire>> {
+    pub(crate) fn take_pushed(&mut self, p: PageIdx, w: NodeId, st: WriterState) -> Option<DiffList> {
         let e = self.push.pushed.remove(&(p, w))?;
         if self.completes(&e, w, st) {
             self.stats.pushes_used += u64::from(e.pushes);

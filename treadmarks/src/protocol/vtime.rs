@@ -10,21 +10,26 @@
 
 use super::ids::{IntervalIdx, NodeId};
 use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
 use std::cmp::Ordering;
+
+/// Nodes whose timestamps are kept inline: a timestamp of a job this size or smaller takes no
+/// allocation to make, clone or decode (one travels with every diff a reply carries).
+const INLINE_NODES: usize = 8;
 
 /// A vector timestamp with one entry per node.
 #[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Debug, Default)]
-pub struct VectorTime(Vec<IntervalIdx>);
+pub struct VectorTime(SmallVec<[IntervalIdx; INLINE_NODES]>);
 
 impl VectorTime {
     /// All-zero timestamp for `n` nodes.
     pub fn zero(n: usize) -> Self {
-        VectorTime(vec![0; n])
+        VectorTime(smallvec::smallvec![0; n])
     }
 
     /// Builds a timestamp from its entries.
     pub fn from_entries(v: Vec<IntervalIdx>) -> Self {
-        VectorTime(v)
+        VectorTime(SmallVec::from_vec(v))
     }
 
     /// Number of entries (nodes).
