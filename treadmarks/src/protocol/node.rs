@@ -82,6 +82,8 @@ pub(crate) enum Pending {
         left: usize,
         then_write: Vec<PageIdx>,
         whole: Vec<PageIdx>,
+        /// Pages of `whole` superseded unfetched, still unmapped: twinned ahead with the rest.
+        superseded: Vec<PageIdx>,
     },
     Alloc,
     Free,

@@ -478,19 +478,25 @@ impl<M: PageMemory> Node<M> {
         } else {
             Vec::new()
         };
-        let overwritten: Vec<PageIdx> = whole.iter().copied().filter(|&p| self.supersedable(p)).collect();
-        for &p in &overwritten {
+        // Superseded pages stay unmapped until they are twinned ahead, then are mapped writable
+        // in one step (made readable first, each run took a mapping, then an unmapping and a
+        // writable mapping: `Heap::make_writable`).
+        let superseded: Vec<PageIdx> = whole.iter().copied().filter(|&p| self.supersedable(p)).collect();
+        for &p in &superseded {
             self.supersede(p);
         }
-        self.set_access_in_runs(overwritten, Access::Read);
         let invalid: Vec<PageIdx> = pages
             .iter()
             .copied()
-            .filter(|&p| self.mem.access(p) == Access::None && !self.misses.contains_key(&p))
+            .filter(|&p| {
+                self.mem.access(p) == Access::None
+                    && !self.misses.contains_key(&p)
+                    && superseded.binary_search(&p).is_err()
+            })
             .collect();
         let then_write = if write { pages.to_vec() } else { Vec::new() };
         if invalid.is_empty() {
-            self.twin_ahead(&then_write, &whole);
+            self.twin_ahead(&then_write, &whole, &superseded);
             self.done.push_back(AppDone::Validated);
             return Ok(());
         }
@@ -500,12 +506,12 @@ impl<M: PageMemory> Node<M> {
             self.stats.streams += 1;
             self.stats.streamed_pages += invalid.len() as u64;
             self.start_misses(&invalid, write, MissFor::Stream)?;
-            self.twin_ahead(&then_write, &whole);
+            self.twin_ahead(&then_write, &whole, &superseded);
             self.map_arrived();
             self.done.push_back(AppDone::Validated);
             return self.deliver_local();
         }
-        self.pending = Pending::Validate { left: invalid.len(), then_write, whole };
+        self.pending = Pending::Validate { left: invalid.len(), then_write, whole, superseded };
         self.start_misses(&invalid, false, MissFor::Validate)?;
         self.deliver_local()
     }
@@ -564,20 +570,21 @@ impl<M: PageMemory> Node<M> {
         self.stats.pages_overwritten += 1;
     }
 
-    /// Twins every valid read-only page of `pages` (ascending) and makes them writable, in runs;
-    /// then marks the twinned pages of `whole` (declared overwritten, ascending) to be diffed
-    /// whole.
-    fn twin_ahead(&mut self, pages: &[PageIdx], whole: &[PageIdx]) {
-        let readable: Vec<PageIdx> =
-            pages.iter().copied().filter(|&p| self.mem.access(p) == Access::Read).collect();
-        self.twin_ahead_of_writes(&readable, whole);
+    /// Twins every valid read-only page of `pages` (ascending) and the `superseded` ones
+    /// (unmapped, ascending) and makes them writable, in runs; then marks the twinned pages of
+    /// `whole` (declared overwritten, ascending) to be diffed whole.
+    fn twin_ahead(&mut self, pages: &[PageIdx], whole: &[PageIdx], superseded: &[PageIdx]) {
+        let ahead: Vec<PageIdx> = (pages.iter().copied())
+            .filter(|&p| self.mem.access(p) == Access::Read || superseded.binary_search(&p).is_ok())
+            .collect();
+        self.twin_ahead_of_writes(&ahead, whole);
         for &p in whole {
             let meta = &mut self.pages[p.idx()];
             meta.whole |= meta.twin.is_some();
         }
     }
 
-    /// Twins `pages` (ascending, none writable, all up to date) ahead of writes and makes them
+    /// Twins `pages` (ascending, none writable, all up to date or superseded) ahead of writes and makes them
     /// writable, in runs. The pages of `whole` (ascending; declared overwritten) get a twin that
     /// is never read, since their diff is the whole page: no copy is made
     /// ([`PageMemory::skip_twin`]; radix sort's output pages, ~1,800 a node a pass).
@@ -898,7 +905,8 @@ impl<M: PageMemory> Node<M> {
                 if *left == 0 {
                     let mut pages = std::mem::take(&mut self.validated);
                     pages.sort_unstable();
-                    let Pending::Validate { then_write, whole, .. } = std::mem::take(&mut self.pending)
+                    let Pending::Validate { then_write, whole, superseded, .. } =
+                        std::mem::take(&mut self.pending)
                     else {
                         unreachable!("checked above")
                     };
@@ -911,7 +919,7 @@ impl<M: PageMemory> Node<M> {
                         pages.into_iter().partition(|p| writes.binary_search(p).is_ok());
                     self.set_access_in_runs(readable, Access::Read);
                     self.twin_ahead_of_writes(&to_twin, &whole);
-                    self.twin_ahead(&then_write, &whole);
+                    self.twin_ahead(&then_write, &whole, &superseded);
                     self.done.push_back(AppDone::Validated);
                 }
             }

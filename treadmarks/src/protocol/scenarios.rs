@@ -1030,11 +1030,14 @@ fn a_stale_page_declared_overwritten_is_not_fetched_and_its_diff_is_whole() {
     // Node 0 holds node 1's notice for page 1 and declares it overwrites the page: nothing is
     // fetched, and the page is writable at once.
     let t = net.log.len();
+    let changes = net.nodes[0].mem().protection_changes(PageIdx(1));
     net.nodes[0].request_overwrite(&[PageIdx(1)], &[PageIdx(1)]).unwrap();
     net.settle();
     assert_eq!(net.done(0), Some(AppDone::Validated));
     assert_eq!(net.count(t, 0, 1, DiffRequest), 0, "no fetch for an overwritten page");
     assert_eq!(net.nodes[0].mem().access(PageIdx(1)), Access::ReadWrite);
+    // Mapped writable in one change, not made readable first.
+    assert_eq!(net.nodes[0].mem().protection_changes(PageIdx(1)) - changes, 1);
     assert_eq!(net.nodes[0].stats().pages_overwritten, 1);
     // Every byte is written; byte 0 with the value node 0's stale copy (and twin) holds.
     for b in 0..PAGE {
