@@ -15,7 +15,23 @@ use super::backend::FaultBackend;
 use super::heap::{AtomicCounters, Heap};
 use super::state;
 use crate::protocol::ids::PageIdx;
-use crate::protocol::memory::{Access, PageMemory};
+use crate::protocol::memory::{Access, PageMemory, runs_of};
+
+/// Longest gap [`PageMemory::write_protect_pages`] bridges on userfaultfd: write-protecting a
+/// page table's worth of entries costs less than a call.
+const PROTECT_BRIDGE_PAGES: u32 = 256;
+
+/// A state whose pages are write-protected already.
+fn write_protected(s: u8) -> bool {
+    s == state::READ_ONLY || s == state::FROZEN
+}
+
+/// A state whose pages a write protection leaves as they are: write-protected, or invalid
+/// (no entry to protect; on shared memory the kernel notes the protection on the empty entry,
+/// as it does when it unmaps a write-protected page, and the next mapping replaces it).
+fn bridgeable(s: u8) -> bool {
+    write_protected(s) || s == state::INVALID
+}
 
 /// [`PageMemory`] over a real [`Heap`]. Create exactly one per heap, owned by the node: two of
 /// them could hand out aliasing `&mut` slices of one page.
@@ -44,6 +60,62 @@ impl HeapPages {
     fn check(&self, p: PageIdx) -> u32 {
         assert!(p.0 < self.0.npages(), "{p} out of range: the heap has {} pages", self.0.npages());
         p.0
+    }
+
+    /// Moves `pages` (ascending, a span from [`PageMemory::write_protect_pages`], each valid) to
+    /// write-protected state `new` (`FROZEN` or `READ_ONLY`): on userfaultfd with one write
+    /// protection of the whole span, gaps included, if every gap page is still write-protected
+    /// or invalid once held (the change leaves them as they were: a protection they have, or
+    /// none on an entry they lack); otherwise, and on `mprotect` (where it would make invalid
+    /// pages readable), one change per run. One call instead of one per run: on this project's
+    /// VM a write protection costs ~1.5 µs a call and ~10 ns a page (256 runs of 8 pages
+    /// 400 µs, one span of 4,096 pages 42 µs), and radix sort serves its runs of ~8 pages with
+    /// the other node's between.
+    fn write_protect_span(&mut self, pages: &[PageIdx], new: u8) {
+        let heap = &*self.0;
+        let (first, last) = (pages[0].0, pages[pages.len() - 1].0);
+        for &p in pages {
+            self.check(p);
+        }
+        let count = last - first + 1;
+        let by_runs = |this: &mut Self| {
+            for (run, count) in runs_of(pages) {
+                this.set_state(run, count, new);
+            }
+        };
+        if heap.backend() != FaultBackend::Uffd || count as usize == pages.len() {
+            return by_runs(self);
+        }
+        // Hold the whole span (the handler holds BUSY only briefly and never waits on us).
+        let old: Vec<u8> = (first..=last).map(|p| state::acquire_busy(heap.state(p))).collect();
+        let listed = |q: u32| pages.binary_search(&PageIdx(q)).is_ok();
+        let span_ok = (first..=last).all(|q| {
+            let s = old[(q - first) as usize];
+            if listed(q) { s == state::READ_WRITE || write_protected(s) } else { bridgeable(s) }
+        });
+        if !span_ok {
+            // A page changed since it was looked at: release all, then by runs.
+            for (k, s) in old.iter().enumerate() {
+                heap.state(first + k as u32).store(*s, Ordering::Release);
+            }
+            return by_runs(self);
+        }
+        AtomicCounters::bump(&heap.counters.protect_calls);
+        if let Err((op, errno)) = heap.change_run(first, count, state::READ_WRITE, new) {
+            for (k, s) in old.iter().enumerate() {
+                heap.state(first + k as u32).store(*s, Ordering::Release);
+            }
+            panic!(
+                "{op} of pages {first}..{} to {} failed: {} (errno {errno})",
+                last + 1,
+                state::name(new),
+                std::io::Error::from_raw_os_error(errno)
+            );
+        }
+        for q in first..=last {
+            let s = if listed(q) { new } else { old[(q - first) as usize] };
+            heap.state(q).store(s, Ordering::Release);
+        }
     }
 
     /// Moves pages `first .. first + count` to stable state `new`, changing the application
@@ -131,6 +203,31 @@ impl PageMemory for HeapPages {
 
     fn freeze(&mut self, first: PageIdx, count: u32) {
         self.set_state(first, count, state::FROZEN);
+    }
+
+    fn write_protect_pages(&mut self, pages: &[PageIdx], freeze: bool) {
+        let new = if freeze { state::FROZEN } else { state::READ_ONLY };
+        // Invalid pages are mapped, by runs; the others are write-protected in spans, which
+        // may take the invalid ones in as gaps (they are mapped after, with their own
+        // protection).
+        let (invalid, valid): (Vec<PageIdx>, Vec<PageIdx>) =
+            pages.iter().partition(|&&p| state::load_stable(self.0.state(self.check(p))) == state::INVALID);
+        let mut i = 0;
+        while i < valid.len() {
+            // A span: the pages from `valid[i]` on whose gaps are short and hold no writable page.
+            let mut j = i + 1;
+            while j < valid.len()
+                && valid[j].0 - valid[j - 1].0 <= PROTECT_BRIDGE_PAGES + 1
+                && (valid[j - 1].0 + 1..valid[j].0).all(|q| bridgeable(state::load_stable(self.0.state(q))))
+            {
+                j += 1;
+            }
+            self.write_protect_span(&valid[i..j], new);
+            i = j;
+        }
+        for (run, count) in runs_of(&invalid) {
+            self.set_state(run, count, new);
+        }
     }
 
     fn page(&self, p: PageIdx) -> &[u8] {

@@ -53,6 +53,19 @@ pub trait PageMemory {
     /// meanwhile (for the page-sharing rule, the page is not writable), but the runtime must not
     /// write it ([`PageMemory::page_mut`]): the application can read it.
     fn freeze(&mut self, first: PageIdx, count: u32);
+    /// Takes write access from `pages` (ascending, however scattered): [`PageMemory::freeze`]s
+    /// them (`freeze`), or sets them [`Access::Read`] (invalid ones among them are made
+    /// readable). By default one call per run of consecutive pages; the heap on userfaultfd
+    /// bridges gaps where that changes nothing.
+    fn write_protect_pages(&mut self, pages: &[PageIdx], freeze: bool) {
+        for (first, count) in runs_of(pages) {
+            if freeze {
+                self.freeze(first, count);
+            } else {
+                self.set_access(first, count, Access::Read);
+            }
+        }
+    }
     /// The bytes of page `p`. Requires `access(p) != ReadWrite`.
     fn page(&self, p: PageIdx) -> &[u8];
     /// The bytes of page `p`, writable. Requires `access(p) == None`.
@@ -97,6 +110,17 @@ pub trait PageMemory {
     /// synchronization call (so that nothing reads the page meanwhile): the page is brought up to
     /// date where it stands, without revoking and restoring the application's access.
     fn page_mut_while_blocked(&mut self, p: PageIdx) -> &mut [u8];
+}
+
+/// The runs of consecutive pages in `pages` (ascending), as (first, count).
+pub fn runs_of(pages: &[PageIdx]) -> impl Iterator<Item = (PageIdx, u32)> + '_ {
+    let mut rest = pages;
+    std::iter::from_fn(move || {
+        let first = *rest.first()?;
+        let count = rest.iter().enumerate().take_while(|&(k, p)| p.0 == first.0 + k as u32).count();
+        rest = &rest[count..];
+        Some((first, count as u32))
+    })
 }
 
 /// A [`PageMemory`] over plain vectors, for tests and the simulation. It checks the page-sharing

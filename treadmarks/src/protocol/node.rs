@@ -651,14 +651,26 @@ impl<M: PageMemory> Node<M> {
     /// already (for which the call changes nothing), so that pages invalidated in a comb (fft's
     /// two-page column blocks of the other node's rows, whose pages in between this node never
     /// read) cost one call, not one per tooth.
+    /// Making pages readable, runs may go on across gaps too ([`PageMemory::write_protect_pages`]).
     pub(crate) fn set_access_in_runs(&mut self, pages: impl IntoIterator<Item = PageIdx>, access: Access) {
+        if access == Access::Read {
+            let pages: Vec<PageIdx> = pages.into_iter().collect();
+            if !pages.is_empty() {
+                self.mem.write_protect_pages(&pages, false);
+            }
+            return;
+        }
         let bridge = if access == Access::None { INVALID_BRIDGE_PAGES } else { 0 };
         self.in_runs(pages, bridge, |mem, first, count| mem.set_access(first, count, access));
     }
 
-    /// [`PageMemory::freeze`] on `pages` (ascending), one call per run of consecutive pages.
+    /// [`PageMemory::freeze`] on `pages` (ascending), in runs
+    /// ([`PageMemory::write_protect_pages`]).
     pub(crate) fn freeze_in_runs(&mut self, pages: impl IntoIterator<Item = PageIdx>) {
-        self.in_runs(pages, 0, |mem, first, count| mem.freeze(first, count));
+        let pages: Vec<PageIdx> = pages.into_iter().collect();
+        if !pages.is_empty() {
+            self.mem.write_protect_pages(&pages, true);
+        }
     }
 
     /// Calls `f` once per run of `pages` (ascending); a run goes on across gaps of up to `bridge`

@@ -2,7 +2,8 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use super::{layout, present, test_base};
+use super::{layout, present, test_base, uffd_write_protected};
+use crate::mem::state;
 use crate::mem::{FaultBackend, Heap, HeapLayout, HeapPages, MemError, probe};
 use crate::protocol::ids::PageIdx;
 use crate::protocol::memory::{Access, PageMemory};
@@ -161,6 +162,70 @@ fn invalidation_across_invalid_on(backend: FaultBackend, slot: usize) {
         assert!(present(addr(0)), "the page before the run kept its entry");
     }
     assert_eq!(pages.page_mut(PageIdx(1))[0], 5, "bytes kept");
+}
+
+#[test]
+fn a_freeze_of_scattered_pages_is_one_call_across_gaps_that_it_leaves_as_they_are() {
+    // mprotect: one call per run (a span would make the invalid gap pages readable).
+    freeze_scattered_on(FaultBackend::Mprotect, 53, 3);
+    if super::uffd_or_skip() {
+        freeze_scattered_on(FaultBackend::Uffd, 54, 1);
+    }
+}
+
+fn freeze_scattered_on(backend: FaultBackend, slot: usize, calls_expected: u64) {
+    let heap = Heap::map_with(layout(slot, 12), backend).unwrap();
+    let mut pages = HeapPages(heap.clone());
+    let addr = |p: usize| heap.app_base() as usize + p * 4096;
+    // Pages 0, 3 and 6 written (to be frozen), 1 read-only, 2, 4 and 5 invalid, 7 writable;
+    // then pages 8 and 10 written, with page 9 writable between them.
+    pages.set_access(PageIdx(0), 12, Access::None);
+    for p in [0, 3, 6, 7, 8, 9, 10] {
+        pages.set_access(PageIdx(p), 1, Access::ReadWrite);
+        // SAFETY: inside the application view, the page just made writable.
+        unsafe { std::ptr::write_volatile((addr(p as usize) + 8) as *mut u8, p as u8 + 1) };
+    }
+    pages.set_access(PageIdx(1), 1, Access::Read);
+    let calls = heap.counters().protect_calls;
+    pages.write_protect_pages(&[PageIdx(0), PageIdx(3), PageIdx(6)], true);
+    assert_eq!(heap.counters().protect_calls - calls, calls_expected);
+    let state = |p: u32| state::name(state::load_stable(heap.state(p)));
+    let states: Vec<&str> = (0..8).map(state).collect();
+    assert_eq!(
+        states,
+        ["FROZEN", "READ_ONLY", "INVALID", "FROZEN", "INVALID", "INVALID", "FROZEN", "READ_WRITE"]
+    );
+    if backend == FaultBackend::Uffd {
+        for p in [0, 1, 3, 6] {
+            assert!(present(addr(p)) && uffd_write_protected(addr(p)), "page {p} mapped write-protected");
+        }
+        assert!(present(addr(7)) && !uffd_write_protected(addr(7)), "the page after the span untouched");
+        assert!(!present(addr(2)) && !present(addr(4)), "invalid gap pages stay unmapped");
+    }
+    // SAFETY: frozen and read-only pages of the application view are readable.
+    let read = |p: usize| unsafe { std::ptr::read_volatile((addr(p) + 8) as *const u8) };
+    assert_eq!((read(0), read(3), read(6)), (1, 4, 7));
+    // A writable page in a gap splits the span: pages 8 and 10 are frozen apart, page 9 kept.
+    let calls = heap.counters().protect_calls;
+    pages.write_protect_pages(&[PageIdx(8), PageIdx(10)], true);
+    assert_eq!(heap.counters().protect_calls - calls, 2);
+    assert_eq!((state(8), state(9), state(10)), ("FROZEN", "READ_WRITE", "FROZEN"));
+    // Made read-only the same way, invalid pages among them mapped: pages 9 and 11 (writable,
+    // invalid) with page 10 (frozen) between them, then page 2 (invalid, a gap of the first
+    // span, given bytes meanwhile).
+    pages.write_protect_pages(&[PageIdx(9), PageIdx(11)], false);
+    assert_eq!((state(9), state(10), state(11)), ("READ_ONLY", "FROZEN", "READ_ONLY"));
+    pages.page_mut(PageIdx(2))[8] = 42;
+    pages.write_protect_pages(&[PageIdx(2)], false);
+    assert_eq!(read(2), 42, "an invalid gap page maps as usual afterwards");
+    if backend == FaultBackend::Uffd {
+        assert!(present(addr(11)) && uffd_write_protected(addr(11)));
+    }
+    // A frozen page is made writable again.
+    pages.set_access(PageIdx(3), 1, Access::ReadWrite);
+    // SAFETY: inside the application view, the page just made writable.
+    unsafe { std::ptr::write_volatile((addr(3) + 8) as *mut u8, 9) };
+    assert_eq!(read(3), 9);
 }
 
 fn panic_message(r: Result<(), Box<dyn std::any::Any + Send>>) -> String {

@@ -148,12 +148,22 @@ pub(super) fn no_core_dumps() {
     unsafe { libc::setrlimit(libc::RLIMIT_CORE, &zero) };
 }
 
-/// Whether this process's page table maps the page at `addr` (`/proc/self/pagemap`, bit 63).
-pub(crate) fn present(addr: usize) -> bool {
+/// This process's page-table entry for the page at `addr`, as `/proc/self/pagemap` shows it.
+fn pagemap_entry(addr: usize) -> u64 {
     use std::io::{Read, Seek, SeekFrom};
     let mut f = std::fs::File::open("/proc/self/pagemap").unwrap();
     f.seek(SeekFrom::Start((addr / 4096 * 8) as u64)).unwrap();
     let mut entry = [0u8; 8];
     f.read_exact(&mut entry).unwrap();
-    u64::from_le_bytes(entry) >> 63 == 1
+    u64::from_le_bytes(entry)
+}
+
+/// Whether this process's page table maps the page at `addr` (pagemap bit 63).
+pub(crate) fn present(addr: usize) -> bool {
+    pagemap_entry(addr) >> 63 == 1
+}
+
+/// Whether the entry of the page at `addr` is write-protected by userfaultfd (pagemap bit 57).
+pub(crate) fn uffd_write_protected(addr: usize) -> bool {
+    pagemap_entry(addr) >> 57 & 1 == 1
 }
