@@ -68,7 +68,7 @@
 //! A diff arrives from a peer, so [`Diff::apply`] checks every length and offset and returns a
 //! [`DiffError`] instead of panicking.
 
-use super::shared_bytes::{SharedBytes, share_or_copy};
+use super::shared_bytes::{SharedBytes, offer, share_or_copy};
 use serde::{Deserialize, Serialize};
 use std::cell::RefCell;
 
@@ -82,6 +82,8 @@ pub struct Diff(SharedBytes);
 
 impl Serialize for Diff {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        // An encoder writing a frame in parts keeps these bytes by reference (`shared_bytes`).
+        offer(&self.0);
         s.serialize_bytes(&self.0)
     }
 }
@@ -408,6 +410,11 @@ impl Diff {
     /// Encoded size in bytes.
     pub fn encoded_len(&self) -> usize {
         self.0.len()
+    }
+
+    /// The encoded bytes.
+    pub fn encoded(&self) -> &[u8] {
+        &self.0
     }
 
     /// The changed byte ranges, exact to the byte (for the race checker and for tests).

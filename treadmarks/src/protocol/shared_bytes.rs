@@ -9,6 +9,10 @@
 //! deserializer for the duration of one decode; bytes the decoder hands it that lie inside that
 //! buffer become slices of it, any others (or any outside a [`decode_sharing`]) are copied.
 //!
+//! Encoding, the other way round: [`encode_offering`] lets the diff serializer [`offer`] its
+//! bytes to the encoder, which may keep them by reference and write them straight from the
+//! writer's diff store (`transport::codec::encode_frame_parts`).
+//!
 //! Invariant: `start <= end <= owner.len()`, checked where a slice is made, so [`Deref`] cannot
 //! panic.
 
@@ -83,6 +87,44 @@ impl Eq for SharedBytes {}
 thread_local! {
     /// The buffer [`decode_sharing`] is decoding on this thread.
     static DECODING: RefCell<Option<Arc<dyn ByteOwner>>> = const { RefCell::new(None) };
+    /// While [`encode_offering`] runs on this thread: the bytes the diff serializer is about
+    /// to write, offered to the encoder ([`offer`]).
+    static OFFERED: RefCell<Option<Option<SharedBytes>>> = const { RefCell::new(None) };
+}
+
+/// Runs `encode` with the diff serializer offering its bytes to the encoder ([`offer`],
+/// [`take_offered`]), which may then keep them by reference instead of copying them (a frame
+/// written in parts: `transport::codec::encode_frame_parts`).
+pub fn encode_offering<T>(encode: impl FnOnce() -> T) -> T {
+    /// Stops offering however `encode` ends (a panic too).
+    struct Clear;
+    impl Drop for Clear {
+        fn drop(&mut self) {
+            OFFERED.with_borrow_mut(|o| *o = None);
+        }
+    }
+    OFFERED.with_borrow_mut(|o| *o = Some(None));
+    let _clear = Clear;
+    encode()
+}
+
+/// Offers `bytes`, which the caller serializes next, to the encoder if an [`encode_offering`]
+/// runs on this thread.
+pub fn offer(bytes: &SharedBytes) {
+    OFFERED.with_borrow_mut(|o| {
+        if let Some(slot) = o {
+            *slot = Some(bytes.clone());
+        }
+    });
+}
+
+/// The offered bytes if `data` is them (the same address and length), taken.
+pub fn take_offered(data: &[u8]) -> Option<SharedBytes> {
+    OFFERED.with_borrow_mut(|o| {
+        let slot = o.as_mut()?;
+        let offered = slot.take()?;
+        (offered.as_ptr() == data.as_ptr() && offered.len() == data.len()).then_some(offered)
+    })
 }
 
 /// Runs `decode` on the bytes of `buffer`; bytes the diff deserializer meets inside `buffer`
@@ -122,6 +164,25 @@ mod tests {
         let empty_at_end = SharedBytes::slice_of(&owner, &whole[6..]).expect("empty tail");
         assert!(empty_at_end.is_empty());
         assert_eq!(SharedBytes::copy_of(&[3, 4, 5]), part);
+    }
+
+    #[test]
+    fn offered_bytes_are_taken_only_while_encoding_and_only_as_themselves() {
+        let bytes = SharedBytes::copy_of(&[7u8; 32]);
+        offer(&bytes);
+        assert!(take_offered(&bytes).is_none(), "nothing offered outside an encode");
+        encode_offering(|| {
+            offer(&bytes);
+            assert!(take_offered(&bytes[..16]).is_none(), "a part of them is not them");
+            assert!(take_offered(&bytes).is_none(), "taken (and dropped) by the failed match");
+            offer(&bytes);
+            let equal = [7u8; 32];
+            assert!(take_offered(&equal).is_none(), "equal bytes elsewhere are not them");
+            offer(&bytes);
+            assert_eq!(take_offered(&bytes).expect("offered").owner_len(), 32);
+        });
+        offer(&bytes);
+        assert!(take_offered(&bytes).is_none(), "cleared after the encode");
     }
 
     #[test]

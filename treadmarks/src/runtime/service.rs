@@ -391,11 +391,13 @@ impl Service {
         loop {
             while let Some((to, msg)) = node.poll_transmit() {
                 sent_any = true;
-                let mut frame = self.links.buffer();
-                let sent = codec::encode_frame(&msg, &mut frame).map_err(|e| e.to_string()).and_then(|n| {
-                    self.stats.count_sent(to, msg.kind(), n);
-                    self.links.send(to, frame).map_err(|e| e.to_string())
-                });
+                // Diffs go from their store to the socket, not through the frame (`FrameParts`).
+                let sent = codec::encode_frame_parts(&msg, self.links.buffer())
+                    .map_err(|e| e.to_string())
+                    .and_then(|parts| {
+                        self.stats.count_sent(to, msg.kind(), parts.len());
+                        self.links.send_parts(to, parts).map_err(|e| e.to_string())
+                    });
                 if let Err(e) = sent {
                     self.fail(format!("cannot send {:?} to {to}: {e}", msg.kind()));
                 }

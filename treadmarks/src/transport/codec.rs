@@ -10,7 +10,13 @@
 //!
 //! The payload codec is [postcard]: compact, serde-based and maintained. (The newest bincode,
 //! 3.0.0, is an empty crate, and bincode 1.x/2.x carry an "unmaintained" advisory.) To swap the
-//! codec, change [`encode_frame`] and [`decode_payload`]; nothing else in the crate knows it.
+//! codec, change [`encode_frame`], [`encode_frame_parts`] and [`decode_payload`]; nothing else
+//! in the crate knows it.
+//!
+//! [`encode_frame_parts`] makes the same frame in parts: the diff bytes it carries stay where
+//! the writer keeps them and are written from there (one vectored write), instead of being
+//! copied into the frame first. radix sort's nodes send ~15-24 MB of diffs a run, each byte of
+//! which was copied once more that way (0.0667 -> 0.0641 s, 12 alternated runs).
 //!
 //! This module owns the frame layout and the codec. It does not own sockets: [`FrameReader`] cuts
 //! frames out of bytes handed to it, wherever they came from.
@@ -27,6 +33,8 @@ use serde::de::DeserializeOwned;
 
 use super::error::{Result, TransportError};
 use crate::protocol::NodeId;
+use crate::protocol::shared_bytes::{SharedBytes, encode_offering, take_offered};
+use std::io::IoSlice;
 
 /// Bytes in a frame header (the payload length, `u32` little-endian).
 pub const HEADER_LEN: usize = 4;
@@ -90,6 +98,125 @@ pub fn frame<T: Serialize + ?Sized>(msg: &T) -> Result<Vec<u8>> {
     let mut out = Vec::new();
     encode_frame(msg, &mut out)?;
     Ok(out)
+}
+
+/// Smallest offered slice (a diff's bytes) that [`encode_frame_parts`] keeps by reference
+/// rather than copying: below it, a slice costs more to describe to the kernel than to copy.
+pub const SHARE_MIN: usize = 1024;
+
+/// Most slices one frame keeps by reference: with the head's pieces between them they stay
+/// within the kernel's 1,024 buffers a vectored write takes.
+pub const MAX_SHARED: usize = 500;
+
+/// A frame in parts: `head` holds the header and the payload but for the slices of `shared`,
+/// each of which stands at its offset in `head` (ascending). The frame is
+/// `head[..o1] ++ s1 ++ head[o1..o2] ++ s2 ++ .. ++ head[on..]`: written with one vectored
+/// write, a diff's bytes go from the writer's store to the socket without a copy into the frame.
+#[derive(Debug, Default)]
+pub struct FrameParts {
+    pub head: Vec<u8>,
+    pub shared: Vec<(usize, SharedBytes)>,
+}
+
+impl FrameParts {
+    /// Bytes in the frame, header included.
+    pub fn len(&self) -> usize {
+        self.head.len() + self.shared.iter().map(|(_, b)| b.len()).sum::<usize>()
+    }
+
+    /// Whether the frame is empty (never, for one [`encode_frame_parts`] made).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The frame's pieces in order, for a vectored write.
+    pub fn io_slices(&self) -> Vec<IoSlice<'_>> {
+        let mut out = Vec::with_capacity(2 * self.shared.len() + 1);
+        let mut at = 0;
+        for (offset, bytes) in &self.shared {
+            out.push(IoSlice::new(&self.head[at..*offset]));
+            out.push(IoSlice::new(bytes));
+            at = *offset;
+        }
+        out.push(IoSlice::new(&self.head[at..]));
+        out
+    }
+
+    /// Appends the frame's bytes from `skip` on to `out`.
+    pub fn copy_from(&self, mut skip: usize, out: &mut Vec<u8>) {
+        for piece in self.io_slices() {
+            let piece: &[u8] = &piece;
+            if skip >= piece.len() {
+                skip -= piece.len();
+                continue;
+            }
+            out.extend_from_slice(&piece[skip..]);
+            skip = 0;
+        }
+    }
+}
+
+/// [`encode_frame`] of `msg` into `head` (cleared first), keeping by reference instead of
+/// copying the diff bytes of at least [`SHARE_MIN`] that the diff serializer offers
+/// ([`encode_offering`]), up to [`MAX_SHARED`] of them.
+pub fn encode_frame_parts<T: Serialize + ?Sized>(msg: &T, mut head: Vec<u8>) -> Result<FrameParts> {
+    head.clear();
+    head.extend_from_slice(&GOODBYE_FRAME);
+    let mut shared = Vec::new();
+    let flavor = AppendParts { out: &mut head, shared: &mut shared, payload: 0 };
+    let payload = match encode_offering(|| postcard::serialize_with_flavor(msg, flavor)) {
+        Ok(payload) => payload,
+        Err(postcard::Error::SerializeBufferFull) => {
+            let len = head.len() - HEADER_LEN + shared.iter().map(|(_, b)| b.len()).sum::<usize>();
+            return Err(TransportError::MessageTooLarge { len });
+        }
+        Err(source) => return Err(TransportError::Encode { source }),
+    };
+    if payload == 0 {
+        return Err(TransportError::EmptyMessage);
+    }
+    let header = u32::try_from(payload).expect("payload length is bounded by MAX_FRAME");
+    head[..HEADER_LEN].copy_from_slice(&header.to_le_bytes());
+    Ok(FrameParts { head, shared })
+}
+
+/// A postcard output flavor for [`encode_frame_parts`]: appends to `out`, but records offered
+/// slices in `shared` at their offset instead; `payload` counts the bytes of both, refused past
+/// [`MAX_FRAME`].
+struct AppendParts<'a> {
+    out: &'a mut Vec<u8>,
+    shared: &'a mut Vec<(usize, SharedBytes)>,
+    payload: usize,
+}
+
+impl postcard::ser_flavors::Flavor for AppendParts<'_> {
+    type Output = usize;
+
+    #[inline]
+    fn try_extend(&mut self, data: &[u8]) -> postcard::Result<()> {
+        if self.payload + data.len() > MAX_FRAME {
+            return Err(postcard::Error::SerializeBufferFull);
+        }
+        self.payload += data.len();
+        if data.len() >= SHARE_MIN
+            && self.shared.len() < MAX_SHARED
+            && let Some(bytes) = take_offered(data)
+        {
+            self.shared.push((self.out.len(), bytes));
+        } else {
+            self.out.extend_from_slice(data);
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn try_push(&mut self, data: u8) -> postcard::Result<()> {
+        self.try_extend(&[data])
+    }
+
+    fn finalize(self) -> postcard::Result<usize> {
+        Ok(self.payload)
+    }
 }
 
 /// Decodes one message from a frame's payload (the bytes after the header). The whole payload
@@ -278,6 +405,42 @@ mod tests {
         assert_eq!(decode_header(header, None).unwrap(), FrameLen::Payload(n - HEADER_LEN));
         let back: Sample = decode_payload(&out[5..]).unwrap();
         assert_eq!(back, msg);
+    }
+
+    #[test]
+    fn a_frame_in_parts_is_the_frame_with_big_diffs_by_reference() {
+        use crate::protocol::Diff;
+        // Whole-page diffs (4 KiB and more: shared) and one-word ones (copied), in a vector.
+        let page = |seed: u8| (0..4096u32).map(|i| (i as u8) ^ seed).collect::<Vec<u8>>();
+        let diffs: Vec<Diff> = (0..8u8)
+            .map(|k| if k % 3 == 2 { Diff::make(&[0; 64], &[k + 1; 64][..]) } else { Diff::whole(&page(k)) })
+            .collect();
+        let msg = (7u32, diffs.clone(), "end".to_owned());
+        let flat = frame(&msg).unwrap();
+        let parts = encode_frame_parts(&msg, vec![1, 2, 3]).unwrap();
+        assert_eq!(parts.len(), flat.len());
+        let mut joined = Vec::new();
+        parts.copy_from(0, &mut joined);
+        assert_eq!(joined, flat, "the pieces in order are the frame");
+        let big = diffs.iter().filter(|d| d.encoded_len() >= SHARE_MIN).count();
+        assert_eq!((parts.shared.len(), big), (6, 6), "the big diffs are by reference, the rest copied");
+        for ((_, bytes), d) in parts.shared.iter().zip(diffs.iter().filter(|d| d.encoded_len() >= SHARE_MIN))
+        {
+            assert_eq!(bytes.as_ptr(), d.encoded().as_ptr(), "the diff's own bytes, not a copy");
+        }
+        let mut tail = Vec::new();
+        parts.copy_from(5000, &mut tail);
+        assert_eq!(tail, flat[5000..], "a rest from any point");
+        let back: (u32, Vec<Diff>, String) = decode_payload(&flat[HEADER_LEN..]).unwrap();
+        assert_eq!(back, msg);
+        // At most MAX_SHARED slices a frame, so that a vectored write takes them all.
+        let many: Vec<Diff> = (0..MAX_SHARED + 20).map(|k| Diff::whole(&page(k as u8))).collect();
+        let parts = encode_frame_parts(&many, Vec::new()).unwrap();
+        assert_eq!(parts.shared.len(), MAX_SHARED);
+        assert!(parts.io_slices().len() <= 1024);
+        let mut joined = Vec::new();
+        parts.copy_from(0, &mut joined);
+        assert_eq!(joined, frame(&many).unwrap());
     }
 
     #[test]

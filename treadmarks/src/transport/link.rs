@@ -10,7 +10,9 @@
 //! ```
 //!
 //! This module owns the streams once [`Links::start`] has taken them from the [`Mesh`]. It moves
-//! whole frames: callers encode with [`encode_frame`](super::codec::encode_frame) and decode
+//! whole frames: callers encode with [`encode_frame`](super::codec::encode_frame) (or in parts,
+//! [`encode_frame_parts`](super::codec::encode_frame_parts), for [`Links::send_parts`], which
+//! writes a diff's bytes from where they lie with one vectored write) and decode
 //! [`LinkEvent::Frame`] payloads with [`decode_payload`](super::codec::decode_payload).
 //!
 //! Invariants:
@@ -54,7 +56,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
 use tokio::task::JoinHandle;
 
-use super::codec::{FrameLen, GOODBYE_FRAME, HEADER_LEN, decode_header};
+use super::codec::{FrameLen, FrameParts, GOODBYE_FRAME, HEADER_LEN, decode_header};
 use super::error::{Result, TransportError};
 use super::mesh::Mesh;
 #[cfg(doc)]
@@ -368,18 +370,8 @@ impl Links {
     /// If `frame` is not one whole data frame (its header must announce the rest of it): that
     /// would corrupt the stream for the peer.
     pub fn send(&self, to: NodeId, frame: Vec<u8>) -> Result<()> {
-        assert!(
-            frame.len() > HEADER_LEN
-                && frame[..HEADER_LEN] == u32::try_from(frame.len() - HEADER_LEN).unwrap_or(0).to_le_bytes(),
-            "Links::send to {to} takes one frame from encode_frame, got {} bytes starting {:?}",
-            frame.len(),
-            &frame[..frame.len().min(HEADER_LEN)],
-        );
-        let link = self.link(to)?;
         let len = frame.len();
-        if link.said_goodbye.load(Ordering::Acquire) || link.writer.is_finished() {
-            return Err(TransportError::LinkClosed { to, len });
-        }
+        let link = self.open_link(to, &frame, len)?;
         // A write error (or a full socket) leaves the frame to the writer, which meets the error
         // itself and stops the link, or waits until the socket takes it.
         let written =
@@ -397,6 +389,58 @@ impl Links {
                 Outgoing::Rest(rest)
             }
         };
+        Self::queue(link, to, item, len)
+    }
+
+    /// [`send`](Self::send) of a frame in parts made by
+    /// [`encode_frame_parts`](super::codec::encode_frame_parts): written at once with one
+    /// vectored write if nothing is queued for `to` (the shared slices go from where they lie to
+    /// the socket), else what is left of it is copied into one buffer and queued. Errors and
+    /// panics as [`send`](Self::send).
+    pub fn send_parts(&self, to: NodeId, parts: FrameParts) -> Result<()> {
+        if parts.shared.is_empty() {
+            return self.send(to, parts.head);
+        }
+        let len = parts.len();
+        let link = self.open_link(to, &parts.head, len)?;
+        let written = if link.unwritten.load(Ordering::Acquire) == 0 {
+            link.half.try_write_vectored(&parts.io_slices()).ok()
+        } else {
+            None
+        };
+        if let Some(n) = written {
+            self.counters[to.idx()].add_sent(1, len as u64);
+            if n == len {
+                self.pool.give(parts.head);
+                return Ok(());
+            }
+        }
+        let skip = written.unwrap_or(0);
+        let mut rest = self.pool.take(len - skip);
+        parts.copy_from(skip, &mut rest);
+        self.pool.give(parts.head);
+        let item = if written.is_some() { Outgoing::Rest(rest) } else { Outgoing::Frame(rest) };
+        Self::queue(link, to, item, len)
+    }
+
+    /// The link to `to`, open for a frame of `len` bytes that starts with `start`.
+    fn open_link(&self, to: NodeId, start: &[u8], len: usize) -> Result<&Link> {
+        assert!(
+            len > HEADER_LEN
+                && start.len() >= HEADER_LEN
+                && start[..HEADER_LEN] == u32::try_from(len - HEADER_LEN).unwrap_or(0).to_le_bytes(),
+            "Links::send to {to} takes one frame from encode_frame, got {len} bytes starting {:?}",
+            &start[..start.len().min(HEADER_LEN)],
+        );
+        let link = self.link(to)?;
+        if link.said_goodbye.load(Ordering::Acquire) || link.writer.is_finished() {
+            return Err(TransportError::LinkClosed { to, len });
+        }
+        Ok(link)
+    }
+
+    /// Hands `item` (of a frame of `len` bytes) to `link`'s writer.
+    fn queue(link: &Link, to: NodeId, item: Outgoing, len: usize) -> Result<()> {
         link.unwritten.fetch_add(1, Ordering::AcqRel);
         link.queue.send(item).map_err(|_| {
             link.unwritten.fetch_sub(1, Ordering::AcqRel);
@@ -642,6 +686,7 @@ async fn read_fully<R: AsyncRead + Unpin>(reader: &mut R, buf: &mut [u8]) -> io:
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::SharedBytes;
     use crate::transport::codec::{decode_payload, encode_frame};
     use crate::transport::mesh::{MeshConfig, connect_mesh};
     use serde_bytes::ByteBuf;
@@ -779,6 +824,75 @@ mod tests {
 
     /// Frames `send` writes itself, in part when the socket is full, and frames queued behind
     /// the rest keep their order and content; the counters count each frame once.
+    /// A frame in parts carrying `payload`: its bytes from `SHARE_AT` on in slices of 5,000
+    /// bytes by reference (the last one shorter), the rest in the head.
+    fn parts_frame(payload: &[u8]) -> FrameParts {
+        const SHARE_AT: usize = 100;
+        let mut head = u32::try_from(payload.len()).unwrap().to_le_bytes().to_vec();
+        head.extend_from_slice(&payload[..SHARE_AT.min(payload.len())]);
+        let shared = (payload.get(SHARE_AT..).unwrap_or_default().chunks(5000))
+            .map(|piece| (head.len(), SharedBytes::copy_of(piece)))
+            .collect();
+        FrameParts { head, shared }
+    }
+
+    #[test]
+    fn frames_in_parts_arrive_whole_and_in_order_written_at_once_in_part_or_queued() {
+        let (zero, mut one) = two_meshes();
+        let mut raw = one.peers[0].take().expect("node 1's stream to node 0");
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let reader = thread::spawn(move || {
+            wait.recv().unwrap();
+            raw.set_read_timeout(Some(WAIT)).unwrap();
+            let mut frames = Vec::new();
+            loop {
+                let mut header = [0; HEADER_LEN];
+                raw.read_exact(&mut header).unwrap();
+                let len = match decode_header(header, None).unwrap() {
+                    FrameLen::Goodbye => return frames,
+                    FrameLen::Payload(len) => len,
+                };
+                let mut payload = vec![0; len];
+                raw.read_exact(&mut payload).unwrap();
+                frames.push(payload);
+            }
+        });
+        let big = |tag: u8| (0..(3usize << 20) + 777).map(|i| (i % 253) as u8 ^ tag).collect::<Vec<u8>>();
+        let mut expected = Vec::new();
+        let (direct, counters) = on_runtime(async {
+            let (tx, _rx) = mpsc::unbounded_channel();
+            let links = Links::start(zero, tx).unwrap();
+            let link = links.link(NodeId(1)).unwrap();
+            tokio::time::timeout(WAIT, link.half.writable()).await.unwrap().unwrap();
+            // A small frame in parts goes at once; then big ones fill the socket (nobody reads),
+            // so one is written in part and the rest queue, plain frames between them.
+            expected.push(big(0)[..20_000].to_vec());
+            links.send_parts(NodeId(1), parts_frame(expected.last().unwrap())).unwrap();
+            let direct = link.unwritten.load(Ordering::Acquire) == 0;
+            for round in 1..12u8 {
+                expected.push(big(round));
+                links.send_parts(NodeId(1), parts_frame(expected.last().unwrap())).unwrap();
+                expected.push(vec![round; usize::from(round) * 7]);
+                links.send(NodeId(1), echo_frame(expected.last().unwrap())).unwrap();
+            }
+            assert!(link.unwritten.load(Ordering::Acquire) > 0, "the socket never filled");
+            go.send(()).unwrap();
+            links.goodbye();
+            let counters = Arc::clone(&links.counters);
+            links.flush_and_close().await;
+            (direct, counters[1].snapshot())
+        });
+        let got = reader.join().unwrap();
+        assert!(direct, "the first frame was not written at once");
+        assert_eq!(got.len(), expected.len());
+        for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
+            assert!(g == e, "frame {i} differs ({} bytes, expected {})", g.len(), e.len());
+        }
+        assert_eq!(counters.frames_sent, expected.len() as u64);
+        let bytes: usize = expected.iter().map(|e| e.len() + HEADER_LEN).sum();
+        assert_eq!(counters.bytes_sent, bytes as u64);
+    }
+
     #[test]
     fn frames_keep_order_when_a_direct_write_is_partial() {
         let (zero, mut one) = two_meshes();

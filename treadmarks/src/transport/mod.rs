@@ -28,7 +28,8 @@ pub mod link;
 pub mod mesh;
 
 pub use codec::{
-    FrameLen, FrameReader, GOODBYE_FRAME, HEADER_LEN, MAX_FRAME, decode_header, decode_payload, encode_frame,
+    FrameLen, FrameParts, FrameReader, GOODBYE_FRAME, HEADER_LEN, MAX_FRAME, decode_header, decode_payload,
+    encode_frame, encode_frame_parts,
 };
 pub use error::TransportError;
 pub use link::{CloseCause, LinkCounters, LinkEvent, Links};
