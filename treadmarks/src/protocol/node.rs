@@ -650,8 +650,8 @@ impl<M: PageMemory> Node<M> {
     /// all access, a run goes on across up to [`INVALID_BRIDGE_PAGES`] pages that are invalid
     /// already (for which the call changes nothing), so that pages invalidated in a comb (fft's
     /// two-page column blocks of the other node's rows, whose pages in between this node never
-    /// read) cost one call, not one per tooth.
-    /// Making pages readable, runs may go on across gaps too ([`PageMemory::write_protect_pages`]).
+    /// read) cost one call, not one per tooth. Making pages readable goes through
+    /// [`PageMemory::write_protect_pages`], whose runs may go on across gaps too.
     pub(crate) fn set_access_in_runs(&mut self, pages: impl IntoIterator<Item = PageIdx>, access: Access) {
         if access == Access::Read {
             let pages: Vec<PageIdx> = pages.into_iter().collect();

@@ -584,9 +584,9 @@ impl<M: PageMemory> Node<M> {
         }
     }
 
-    /// Twins `pages` (ascending, none writable, all up to date or superseded) ahead of writes and makes them
-    /// writable, in runs. The pages of `whole` (ascending; declared overwritten) get a twin that
-    /// is never read, since their diff is the whole page: no copy is made
+    /// Twins `pages` (ascending, none writable, all up to date or superseded) ahead of writes
+    /// and makes them writable, in runs. The pages of `whole` (ascending; declared overwritten)
+    /// get a twin that is never read, since their diff is the whole page: no copy is made
     /// ([`PageMemory::skip_twin`]; radix sort's output pages, ~1,800 a node a pass).
     pub(crate) fn twin_ahead_of_writes(&mut self, pages: &[PageIdx], whole: &[PageIdx]) {
         let open = self.open_interval();

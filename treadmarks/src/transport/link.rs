@@ -824,21 +824,9 @@ mod tests {
 
     /// Frames `send` writes itself, in part when the socket is full, and frames queued behind
     /// the rest keep their order and content; the counters count each frame once.
-    /// A frame in parts carrying `payload`: its bytes from `SHARE_AT` on in slices of 5,000
-    /// bytes by reference (the last one shorter), the rest in the head.
-    fn parts_frame(payload: &[u8]) -> FrameParts {
-        const SHARE_AT: usize = 100;
-        let mut head = u32::try_from(payload.len()).unwrap().to_le_bytes().to_vec();
-        head.extend_from_slice(&payload[..SHARE_AT.min(payload.len())]);
-        let shared = (payload.get(SHARE_AT..).unwrap_or_default().chunks(5000))
-            .map(|piece| (head.len(), SharedBytes::copy_of(piece)))
-            .collect();
-        FrameParts { head, shared }
-    }
-
-    #[test]
-    fn frames_in_parts_arrive_whole_and_in_order_written_at_once_in_part_or_queued() {
-        let (zero, mut one) = two_meshes();
+    /// Node 1's raw stream from node 0, read by a thread only once `go` is sent: it returns the
+    /// payloads of the frames up to the goodbye.
+    fn late_raw_reader(one: &mut Mesh) -> (std::sync::mpsc::Sender<()>, thread::JoinHandle<Vec<Vec<u8>>>) {
         let mut raw = one.peers[0].take().expect("node 1's stream to node 0");
         let (go, wait) = std::sync::mpsc::channel::<()>();
         let reader = thread::spawn(move || {
@@ -857,6 +845,36 @@ mod tests {
                 frames.push(payload);
             }
         });
+        (go, reader)
+    }
+
+    /// `got` (the payloads read) is `expected`, frame by frame, and `counters` counted them.
+    fn assert_delivered(got: &[Vec<u8>], expected: &[Vec<u8>], counters: LinkCounters) {
+        assert_eq!(got.len(), expected.len());
+        for (i, (g, e)) in got.iter().zip(expected).enumerate() {
+            assert!(g == e, "frame {i} differs ({} bytes, expected {})", g.len(), e.len());
+        }
+        assert_eq!(counters.frames_sent, expected.len() as u64);
+        let bytes: usize = expected.iter().map(|e| e.len() + HEADER_LEN).sum();
+        assert_eq!(counters.bytes_sent, bytes as u64);
+    }
+
+    /// A frame in parts carrying `payload`: its bytes from `SHARE_AT` on in slices of 5,000
+    /// bytes by reference (the last one shorter), the rest in the head.
+    fn parts_frame(payload: &[u8]) -> FrameParts {
+        const SHARE_AT: usize = 100;
+        let mut head = u32::try_from(payload.len()).unwrap().to_le_bytes().to_vec();
+        head.extend_from_slice(&payload[..SHARE_AT.min(payload.len())]);
+        let shared = (payload.get(SHARE_AT..).unwrap_or_default().chunks(5000))
+            .map(|piece| (head.len(), SharedBytes::copy_of(piece)))
+            .collect();
+        FrameParts { head, shared }
+    }
+
+    #[test]
+    fn frames_in_parts_arrive_whole_and_in_order_written_at_once_in_part_or_queued() {
+        let (zero, mut one) = two_meshes();
+        let (go, reader) = late_raw_reader(&mut one);
         let big = |tag: u8| (0..(3usize << 20) + 777).map(|i| (i % 253) as u8 ^ tag).collect::<Vec<u8>>();
         let mut expected = Vec::new();
         let (direct, counters) = on_runtime(async {
@@ -884,37 +902,13 @@ mod tests {
         });
         let got = reader.join().unwrap();
         assert!(direct, "the first frame was not written at once");
-        assert_eq!(got.len(), expected.len());
-        for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
-            assert!(g == e, "frame {i} differs ({} bytes, expected {})", g.len(), e.len());
-        }
-        assert_eq!(counters.frames_sent, expected.len() as u64);
-        let bytes: usize = expected.iter().map(|e| e.len() + HEADER_LEN).sum();
-        assert_eq!(counters.bytes_sent, bytes as u64);
+        assert_delivered(&got, &expected, counters);
     }
 
     #[test]
     fn frames_keep_order_when_a_direct_write_is_partial() {
         let (zero, mut one) = two_meshes();
-        let mut raw = one.peers[0].take().expect("node 1's stream to node 0");
-        let (go, wait) = std::sync::mpsc::channel::<()>();
-        // Node 1 reads nothing until node 0 has sent everything, then reads raw frames.
-        let reader = thread::spawn(move || {
-            wait.recv().unwrap();
-            raw.set_read_timeout(Some(WAIT)).unwrap();
-            let mut frames = Vec::new();
-            loop {
-                let mut header = [0; HEADER_LEN];
-                raw.read_exact(&mut header).unwrap();
-                let len = match decode_header(header, None).unwrap() {
-                    FrameLen::Goodbye => return frames,
-                    FrameLen::Payload(len) => len,
-                };
-                let mut payload = vec![0; len];
-                raw.read_exact(&mut payload).unwrap();
-                frames.push(payload);
-            }
-        });
+        let (go, reader) = late_raw_reader(&mut one);
         // Odd sizes, so that a frame never fills the socket's buffers exactly.
         let big = |tag: u8| (0..(8usize << 20) + 12_345).map(|i| (i % 251) as u8 ^ tag).collect::<Vec<u8>>();
         let small = |i: u32| (0..i % 50 + 1).map(|k| (k ^ i) as u8).collect::<Vec<u8>>();
@@ -952,13 +946,7 @@ mod tests {
         });
         let got = reader.join().unwrap();
         assert!(partial, "the first large frame was not left in part to the writer");
-        assert_eq!(got.len(), expected.len());
-        for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
-            assert!(g == e, "frame {i} differs ({} bytes, expected {})", g.len(), e.len());
-        }
-        assert_eq!(counters.frames_sent, expected.len() as u64);
-        let bytes: usize = expected.iter().map(|e| e.len() + HEADER_LEN).sum();
-        assert_eq!(counters.bytes_sent, bytes as u64);
+        assert_delivered(&got, &expected, counters);
     }
 
     #[test]
