@@ -17,6 +17,7 @@
 //! | heap pages allocated so far backed with memory ahead of their first touch (the valid ones mapped, too): node 0 in its own allocations, the others when a distributed value comes, everybody at barriers | `TMK_BACK_HEAP=0` turns it off | | on |
 //! | diff memory backed at startup (multi-node jobs) | `TMK_DIFF_RESERVE` (`16MiB`, bytes; 0 turns it off) | | the collection threshold plus one 2 MiB chunk, at most 64 MiB |
 //! | twin memory backed at startup (multi-node jobs): the twins of the first pages twinned | `TMK_TWIN_RESERVE` (bytes; 0 turns it off) | | 32 MiB, at most the heap |
+//! | the service thread's allocator heap backed at startup (multi-node jobs; glibc: the C allocator then keeps freed memory and takes blocks under 32 MiB from its heaps, process-wide, see `mem/malloc.rs`) | `TMK_MALLOC_RESERVE` (bytes; 0 turns it off) | | 16 MiB |
 //! | most lock tokens a grant passes along unasked (locks the acquirer took after this one last time, or the ids after it; the granter keeps those it expects to take no later than the acquirer) | `TMK_LOCK_BUNDLE` (0 turns it off) | | 256 |
 //! | pin each node (its application and service threads) to one CPU, node `r` to the `r`-th allowed CPU modulo their number | `TMK_PIN=1` / `TMK_PIN=0` | | on in a job started with `-n N` on one machine, off for nodes that join with `TMK_RANK` |
 //! | real-time (`SCHED_FIFO`) service thread, so it preempts its own application thread at once (needs privilege; ignored without) | `TMK_SERVICE_RT=1` / `TMK_SERVICE_RT=0` | | as pinning |
@@ -75,6 +76,10 @@ pub struct Config {
     /// Twin memory (bytes) a node of a multi-node job backs at startup (`TMK_TWIN_RESERVE`,
     /// [`crate::mem::Heap::reserve_twins`]).
     pub twin_reserve: usize,
+    /// Allocator heap (bytes) the service thread of a multi-node job backs at startup
+    /// (`TMK_MALLOC_RESERVE`, [`crate::mem::malloc`]); 0: none, and the allocator is left as
+    /// it is.
+    pub malloc_reserve: usize,
     /// Most lock tokens a grant passes along unasked (`protocol/lock.rs`); 0: none.
     pub lock_bundle: usize,
     /// A view that would fetch at least this many pages streams (`TMK_STREAM_MIN_PAGES`,
@@ -94,6 +99,10 @@ pub struct Config {
     /// `None`: [`DEFAULT_SERVICE_SPIN`] when the node has a CPU of its own, else none.
     pub service_spin: Option<Duration>,
 }
+
+/// Allocator heap the service thread backs at startup, by default (`mem/malloc.rs`): radix at
+/// 2 nodes grew it by ~3 MiB a node during its computation.
+pub const DEFAULT_MALLOC_RESERVE: usize = 16 << 20;
 
 /// Most lock tokens a grant passes along unasked, by default. Water's 512 locks a step cost 2
 /// round trips a node instead of 512 (16 at 32, 4 at 128): each node walks them in two halves of
@@ -137,6 +146,7 @@ impl Default for Config {
             push: true,
             push_skip: true,
             back_heap: true,
+            malloc_reserve: DEFAULT_MALLOC_RESERVE,
             diff_reserve: None,
             twin_reserve: DEFAULT_TWIN_RESERVE,
             lock_bundle: DEFAULT_LOCK_BUNDLE,
@@ -225,6 +235,9 @@ impl Config {
         }
         if let Some(v) = env("TMK_TWIN_RESERVE") {
             c.twin_reserve = parse_size("TMK_TWIN_RESERVE", &v)?;
+        }
+        if let Some(v) = env("TMK_MALLOC_RESERVE") {
+            c.malloc_reserve = parse_size("TMK_MALLOC_RESERVE", &v)?;
         }
         if let Some(v) = env("TMK_PUSH") {
             c.push = v != "0";

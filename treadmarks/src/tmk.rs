@@ -165,8 +165,15 @@ impl Tmk {
                 commands: AtomicU64::new(0),
             });
             let node = Arc::new(Mutex::new(node));
-            let handle =
-                service::spawn(node.clone(), heap.clone(), mailbox.clone(), mesh, service_rt, service_spin)?;
+            let handle = service::spawn(
+                node.clone(),
+                heap.clone(),
+                mailbox.clone(),
+                mesh,
+                service_rt,
+                service_spin,
+                config.malloc_reserve,
+            )?;
             (Engine::Remote { mailbox, node, heap: heap.clone(), service: Some(handle) }, Some(faults))
         };
         Ok(Tmk {

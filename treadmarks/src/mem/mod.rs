@@ -156,6 +156,7 @@ mod doorbell;
 mod error;
 mod fault;
 mod heap;
+pub mod malloc;
 pub mod pack;
 mod pages;
 pub mod probe;

@@ -76,6 +76,7 @@ pub(crate) fn spawn(
     mesh: Mesh,
     service_rt: bool,
     spin: Duration,
+    malloc_reserve: usize,
 ) -> crate::Result<std::thread::JoinHandle<()>> {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let (me, nprocs) = {
@@ -88,6 +89,10 @@ pub(crate) fn spawn(
         .spawn(move || {
             if service_rt {
                 crate::mem::sched::prioritize_service_thread();
+            }
+            if malloc_reserve > 0 {
+                crate::mem::malloc::keep_freed();
+                crate::mem::malloc::warm_thread_heap(malloc_reserve);
             }
             let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                 Ok(rt) => rt,

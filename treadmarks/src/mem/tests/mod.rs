@@ -10,6 +10,7 @@
 
 mod faults;
 mod heap;
+mod malloc;
 
 use std::io::Read;
 use std::os::unix::process::ExitStatusExt;
