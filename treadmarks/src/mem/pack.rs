@@ -132,10 +132,22 @@ fn group_bits(n: usize) -> u8 {
 pub fn expand_masks(bitmap: &[u8], rest: &[u8], masks: &mut [u8]) {
     assert!(bitmap.len() * 8 >= masks.len(), "expand_masks needs a bit per word");
     assert_eq!(rest.len(), shortened_len(bitmap, masks.len()), "expand_masks needs a mask per word not full");
+    // SAFETY: both requirements were asserted just above.
+    unsafe { expand_masks_unchecked(bitmap, rest, masks) }
+}
+
+/// [`expand_masks`] without its checks.
+///
+/// # Safety
+///
+/// `bitmap` has at least a bit per word of `masks`, and `rest` is exactly
+/// [`shortened_len`]`(bitmap, masks.len())` masks long: the kernels read and write by those
+/// lengths.
+unsafe fn expand_masks_unchecked(bitmap: &[u8], rest: &[u8], masks: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
     if kernel() == Kernel::Avx512 {
         // SAFETY: `kernel` checked at run time that the CPU has the features
-        // `expand_masks_avx512` is compiled for.
+        // `expand_masks_avx512` is compiled for; the caller, the lengths it reads by.
         return unsafe { expand_masks_avx512(bitmap, rest, masks) };
     }
     #[cfg(target_arch = "x86_64")]
@@ -161,23 +173,27 @@ pub fn unpack_dense(dst: &mut [u8], bitmap: &[u8], rest: &[u8], packed: &[u8]) {
     assert!(bitmap.len() * 8 >= words, "unpack_dense needs a bit per word");
     let shortened = shortened_len(bitmap, words);
     assert_eq!(rest.len(), shortened, "unpack_dense needs a mask per word not full");
-    assert_eq!(
-        packed.len(),
-        packed_len(rest) + 8 * (words - shortened),
-        "unpack_dense needs the bytes the masks select"
-    );
-    // The masks expanded a chunk at a time on the stack, then the chunk unpacked.
+    // The masks expanded a chunk at a time on the stack, then the chunk unpacked. Each chunk's
+    // masks and bytes are cut by their counts, which makes them exactly what `expand_masks` and
+    // `unpack` check; the bytes are counted once, by chunk, and checked whole at the end.
     let mut masks = [0u8; DENSE_CHUNK];
     let (mut rest, mut packed) = (rest, packed);
     for (c, dst) in dst.chunks_mut(8 * DENSE_CHUNK).enumerate() {
         let n = dst.len() / 8;
         let bits = &bitmap[c * DENSE_CHUNK / 8..][..n.div_ceil(8)];
         let (kept, later) = rest.split_at(shortened_len(bits, n));
-        expand_masks(bits, kept, &mut masks[..n]);
-        let (bytes, after) = packed.split_at(packed_len(&masks[..n]));
-        unpack(dst, &masks[..n], bytes);
+        // SAFETY: `bits` has a bit per word of the chunk, and `kept` is exactly the masks of
+        // its words not full (cut by that count; `rest` holds them all, asserted above).
+        unsafe { expand_masks_unchecked(bits, kept, &mut masks[..n]) };
+        let (bytes, after) = packed
+            .split_at_checked(packed_len(&masks[..n]))
+            .expect("unpack_dense needs the bytes the masks select");
+        // SAFETY: `dst` holds a word per mask of the chunk, and `bytes` is exactly the bytes
+        // those masks select (cut by that count).
+        unsafe { unpack_unchecked(dst, &masks[..n], bytes) };
         (rest, packed) = (later, after);
     }
+    assert!(packed.is_empty(), "unpack_dense needs the bytes the masks select, and no more");
 }
 
 /// Words [`unpack_dense`] expands the masks of at a time.
@@ -359,10 +375,21 @@ pub fn pack(words: &[u8], masks: &[u8], out: &mut Vec<u8>) {
 pub fn unpack(dst: &mut [u8], masks: &[u8], packed: &[u8]) {
     assert_eq!(dst.len(), masks.len() * 8, "unpack needs one 8-byte word per mask");
     assert_eq!(packed.len(), packed_len(masks), "unpack needs the bytes the masks select");
+    // SAFETY: both requirements were asserted just above.
+    unsafe { unpack_unchecked(dst, masks, packed) }
+}
+
+/// [`unpack`] without its checks.
+///
+/// # Safety
+///
+/// `dst` holds exactly one 8-byte word per mask, and `packed` is exactly
+/// [`packed_len`]`(masks)` bytes long: the kernels read and write by those lengths.
+unsafe fn unpack_unchecked(dst: &mut [u8], masks: &[u8], packed: &[u8]) {
     #[cfg(target_arch = "x86_64")]
     match kernel() {
         // SAFETY: `kernel` checked at run time that the CPU has the features `unpack_avx512` is
-        // compiled for.
+        // compiled for; the caller, the lengths it reads and writes by.
         Kernel::Avx512 => return unsafe { unpack_avx512(dst, masks, packed) },
         // SAFETY: as above, for `unpack_bmi2`.
         Kernel::Bmi2 => return unsafe { unpack_bmi2(dst, masks, packed) },
