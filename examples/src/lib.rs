@@ -14,6 +14,7 @@
 //! statistics as one `TMK_STATS {...}` line on standard error.
 
 pub mod keys;
+pub mod mesh;
 pub mod rng;
 pub mod shared_mut;
 

@@ -1,7 +1,8 @@
 //! The sorting apps (`qsort`, `is`, `radix`) at small sizes: DSM mode on 1 to 4 nodes, and one
-//! `threads` and one `seq` run each, every run checked against the sequential result.
+//! `threads` and one `seq` run each, every run checked against the sequential result; radix's
+//! message-passing version on 1 to 4 processes too.
 
-use treadmarks_tests::check_app_modes;
+use treadmarks_tests::{check_app_in_mode, check_app_modes};
 
 /// Every mode of one app at a small size; heap slots `slot .. slot + 6`.
 fn all_modes(exe: &str, slot: u64, size: &[&str]) {
@@ -21,4 +22,10 @@ fn is_ranks_on_one_to_four_nodes() {
 #[test]
 fn radix_sorts_on_one_to_four_nodes() {
     all_modes(env!("CARGO_BIN_EXE_radix"), 170, &["--keys", "100003", "--bits", "8"]);
+}
+
+#[test]
+fn radix_message_passing_sorts_on_one_to_four_processes() {
+    let size = ["--keys", "100003", "--bits", "8"];
+    check_app_in_mode(env!("CARGO_BIN_EXE_radix"), "mp", 176, &[1, 2, 3, 4], &size);
 }

@@ -106,6 +106,14 @@ pub fn check_app_dsm(exe: &str, slot0: u64, nodes: &[usize], args: &[&str], env:
     }
 }
 
+/// Checks one example application in `mode` (`mp`: a message-passing version, which ignores the
+/// heap slot) on each of `nodes` process counts; run `k` uses heap slot `slot0 + k`.
+pub fn check_app_in_mode(exe: &str, mode: &str, slot0: u64, nodes: &[usize], args: &[&str]) {
+    for (k, &nprocs) in nodes.iter().enumerate() {
+        check_app_run(exe, mode, nprocs, slot0 + k as u64, args, &[]);
+    }
+}
+
 /// One run of an example application, which must print `PASS` and exit 0.
 fn check_app_run(exe: &str, mode: &str, nprocs: usize, slot: u64, args: &[&str], env: &[(&str, &str)]) {
     let mut cmd = Command::new(exe);

@@ -121,6 +121,27 @@ pub fn table(results: &[AppResult]) -> String {
     s
 }
 
+/// For the apps with a hand-written message-passing version, one line per node count: its time,
+/// and its time and the DSM's over the threads version's. Empty if none ran.
+pub fn message_passing(results: &[AppResult]) -> String {
+    let mut s = String::new();
+    for r in results {
+        for (&n, mp) in &r.mp {
+            let (thr, dsm) = (r.threads.get(&n).and_then(|c| c.secs), r.dsm.get(&n).and_then(|c| c.secs));
+            let _ = writeln!(
+                s,
+                "message passing ({} --mode mp), n={n}: {} s; mp/thr {}, dsm/thr {}, dsm/mp {}",
+                r.app.name,
+                secs(mp),
+                fmt_ratio(ratio(mp.secs, thr)),
+                fmt_ratio(ratio(dsm, thr)),
+                fmt_ratio(ratio(dsm, mp.secs)),
+            );
+        }
+    }
+    s
+}
+
 /// One line per node count with targets: how many were met, and the ratios of those missed.
 /// Empty when no cell has a target (small runs, other node counts).
 pub fn summary(results: &[AppResult]) -> String {
@@ -174,6 +195,8 @@ fn json(results: &[AppResult]) -> serde_json::Value {
                             "met": t.met(),
                         })),
                         "msgs_per_iteration": iterations(r).map(|i| stat(dsm, "msgs_sent") / i as f64),
+                        "mp": r.mp.get(n).map(cell),
+                        "dsm_over_mp": r.mp.get(n).and_then(|mp| ratio(dsm.secs, mp.secs)),
                     })
                 })
                 .collect();
@@ -244,6 +267,7 @@ mod tests {
             seq: cell(seq),
             threads: runs.iter().map(|&(n, t, _)| (n, cell(t))).collect(),
             dsm: runs.iter().map(|&(n, _, d)| (n, cell(d))).collect(),
+            mp: BTreeMap::new(),
             failures: 0,
             detail: String::new(),
         }
@@ -300,5 +324,20 @@ mod tests {
         let water_two = &j["apps"][1]["runs"][1]["target"];
         assert_eq!(water_two["dsm_over"], "threads");
         assert_eq!(water_two["met"], false);
+        assert!(message_passing(&results).is_empty(), "no app ran a message-passing version");
+    }
+
+    #[test]
+    fn message_passing_runs_are_set_beside_threads_and_dsm() {
+        let mut radix = result("radix", false, 1.0, &[(2, 0.5, 1.2)]);
+        radix.mp.insert(2, cell(0.8));
+        assert_eq!(
+            message_passing(std::slice::from_ref(&radix)),
+            "message passing (radix --mode mp), n=2: 0.800 s; mp/thr 1.60, dsm/thr 2.40, dsm/mp 1.50\n"
+        );
+        let j = json(&[radix]);
+        assert_eq!(j["apps"][0]["runs"][0]["mp"]["secs"], 0.8);
+        let dsm_over_mp = j["apps"][0]["runs"][0]["dsm_over_mp"].as_f64().expect("a ratio");
+        assert!((dsm_over_mp - 1.5).abs() < 1e-9, "{dsm_over_mp}");
     }
 }

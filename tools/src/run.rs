@@ -29,6 +29,8 @@ pub struct AppResult {
     /// By node count.
     pub threads: BTreeMap<usize, Cell>,
     pub dsm: BTreeMap<usize, Cell>,
+    /// The hand-written message-passing version, by process count (apps that have one).
+    pub mp: BTreeMap<usize, Cell>,
     pub failures: usize,
     pub detail: String,
 }
@@ -113,16 +115,21 @@ pub fn run_all(plan: &Plan) -> Result<Vec<AppResult>, String> {
             ));
         }
     }
-    let total = plan.apps.len() * plan.reps * (1 + 2 * plan.nodes.len());
+    let cells_of = |app: &AppSpec| {
+        let per_n: &[&str] =
+            if app.message_passing { &["threads", "dsm", "mp"] } else { &["threads", "dsm"] };
+        std::iter::once(("seq", 1))
+            .chain(plan.nodes.iter().flat_map(|&n| per_n.iter().map(move |&mode| (mode, n))))
+            .collect::<Vec<(&str, usize)>>()
+    };
+    let total: usize = plan.apps.iter().map(|app| plan.reps * cells_of(app).len()).sum();
     let mut step = 0;
     let mut results = Vec::new();
     for &app in &plan.apps {
-        // The cells take turns within each repetition (seq, then threads and DSM at each node
-        // count), so that the machine's drift during a run weighs on all of them alike: the
-        // report is about their ratios.
-        let cells: Vec<(&str, usize)> = std::iter::once(("seq", 1))
-            .chain(plan.nodes.iter().flat_map(|&n| [("threads", n), ("dsm", n)]))
-            .collect();
+        // The cells take turns within each repetition (seq, then threads, DSM and message
+        // passing at each node count), so that the machine's drift during a run weighs on all
+        // of them alike: the report is about their ratios.
+        let cells = cells_of(app);
         let mut runs: Vec<Runs> = cells.iter().map(|_| Runs::default()).collect();
         let mut detail = String::new();
         for rep in 0..plan.reps {
@@ -147,15 +154,15 @@ pub fn run_all(plan: &Plan) -> Result<Vec<AppResult>, String> {
         let failures = runs.iter().map(|r| r.failures).sum();
         let mut medians = cells.into_iter().zip(runs).map(|((mode, n), r)| (mode, n, r.median()));
         let seq = medians.next().map(|(_, _, cell)| cell).unwrap_or_default();
-        let (mut threads, mut dsm) = (BTreeMap::new(), BTreeMap::new());
+        let (mut threads, mut dsm, mut mp) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
         for (mode, n, cell) in medians {
-            if mode == "threads" {
-                threads.insert(n, cell);
-            } else {
-                dsm.insert(n, cell);
-            }
+            match mode {
+                "threads" => threads.insert(n, cell),
+                "mp" => mp.insert(n, cell),
+                _ => dsm.insert(n, cell),
+            };
         }
-        results.push(AppResult { app, small: plan.small, seq, threads, dsm, failures, detail });
+        results.push(AppResult { app, small: plan.small, seq, threads, dsm, mp, failures, detail });
     }
     println!("\r{:70}", "");
     Ok(results)

@@ -7,12 +7,19 @@
 //! lower nodes' run ends (writes land on everybody's pages, the DSM's hard case); barrier; the
 //! arrays swap roles.
 //!
-//! `radix -n 2 [--mode dsm|seq|threads] [--keys 4194304] [--bits 8] [--seed 1]`
+//! `--mode mp` runs a hand-written message-passing version instead, on `-n` processes joined by
+//! TCP (`mesh.rs`), to compare the DSM with: each rank sorts its keys by digit into a private
+//! buffer, sends every other rank, in one message a pass, the keys that land in its block
+//! (packed in destination order: the histograms, exchanged first, say where each piece goes),
+//! copies its own into place and unpacks what it receives.
+//!
+//! `radix -n 2 [--mode dsm|seq|threads|mp] [--keys 4194304] [--bits 8] [--seed 1]`
 
 use std::process::ExitCode;
 use std::sync::Barrier;
 use treadmarks::Shared;
-use treadmarks_examples::{App, Mode, Outcome, SharedMut, Timer, block, keys, run_app};
+use treadmarks_examples::mesh::Mesh;
+use treadmarks_examples::{App, Args, Mode, Outcome, SharedMut, Timer, block, keys, run_app};
 
 /// Histogram rows are padded to 4 KiB (1024 `u32`s), so no two nodes write the same page.
 const ROW_PAD: usize = 1024;
@@ -193,17 +200,129 @@ fn dsm(app: &mut App, s: &Size) -> treadmarks::Result<(f64, bool)> {
     Ok((secs, ok))
 }
 
-fn main() -> ExitCode {
-    run_app("radix", |app| {
-        let s = Size {
-            keys: app.args.get("keys", 4 << 20),
-            bits: app.args.get("bits", 8),
-            seed: app.args.get("seed", 1),
-        };
-        if !(1..=16).contains(&s.bits) {
-            treadmarks::report("radix: --bits must be 1..=16");
-            std::process::exit(2);
+/// The pieces `(rank, start, end)` that the run `start .. start + len` of the destination cuts
+/// into at the blocks of `blocks` (contiguous, in order), in order.
+fn pieces(
+    start: usize,
+    len: usize,
+    blocks: &[(usize, usize)],
+) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+    let end = start + len;
+    (blocks.iter().enumerate())
+        .map(move |(q, &(b, e))| (q, start.max(b), end.min(e)))
+        .filter(|&(_, lo, hi)| lo < hi)
+}
+
+/// The message-passing version on rank `mesh.rank()`: returns the seconds and, on rank 0, whether
+/// the gathered result is sorted right.
+fn message_passing(s: &Size, mesh: &mut Mesh, n: usize) -> std::io::Result<(f64, bool)> {
+    let me = mesh.rank();
+    let blocks: Vec<(usize, usize)> = (0..n).map(|q| block(s.keys, q, n)).collect();
+    let (begin, end) = blocks[me];
+    let mut src = vec![0; end - begin];
+    keys::fill_uniform(&mut src, begin, s.seed);
+    let (mut dst, mut stage) = (vec![0; end - begin], vec![0; end - begin]);
+    let (mut outs, mut ins) = (vec![Vec::new(); n], vec![Vec::new(); n]);
+    let mut hists = vec![vec![0; s.radix()]; n];
+    mesh.barrier()?;
+    let t = Timer::start();
+    for pass in 0..s.passes() {
+        let shift = pass * s.bits;
+        histogram(&src, shift, s.mask(), &mut hists[me]);
+        mesh.all_gather(&mut hists)?;
+        let flat: Vec<u32> = hists.concat();
+        let starts: Vec<Vec<usize>> = (0..n).map(|q| offsets(&flat, n, s.radix(), s.radix(), q)).collect();
+        // Sorted by digit here first, then each digit's run cut at the blocks it lands in.
+        let mine = &hists[me];
+        let local = offsets(mine, 1, s.radix(), s.radix(), 0);
+        permute(&src, shift, s.mask(), &mut runs(&mut stage, &local, mine));
+        outs.iter_mut().for_each(Vec::clear);
+        for d in 0..s.radix() {
+            let (run, g) = (&stage[local[d]..][..mine[d] as usize], starts[me][d]);
+            for (q, lo, hi) in pieces(g, run.len(), &blocks) {
+                let piece = &run[lo - g..hi - g];
+                if q == me {
+                    dst[lo - begin..hi - begin].copy_from_slice(piece);
+                } else {
+                    outs[q].extend_from_slice(piece);
+                }
+            }
         }
+        // What rank `q` sends here: the pieces of its runs that land in this block, in order.
+        let incoming = |q: usize| {
+            let (starts, hist, here) = (&starts[q], &hists[q], &blocks[me..=me]);
+            (0..s.radix()).flat_map(move |d| pieces(starts[d], hist[d] as usize, here))
+        };
+        let counts: Vec<usize> = (0..n).map(|q| incoming(q).map(|(_, lo, hi)| hi - lo).sum()).collect();
+        mesh.exchange(&outs, &mut ins, &counts)?;
+        for (q, got) in ins.iter().enumerate().filter(|&(q, _)| q != me) {
+            let mut at = 0;
+            for (_, lo, hi) in incoming(q) {
+                dst[lo - begin..hi - begin].copy_from_slice(&got[at..at + hi - lo]);
+                at += hi - lo;
+            }
+        }
+        std::mem::swap(&mut src, &mut dst);
+    }
+    mesh.barrier()?;
+    let secs = t.secs();
+    // The check, untimed: every block to rank 0.
+    let sizes: Vec<usize> = blocks.iter().map(|&(b, e)| if me == 0 { e - b } else { 0 }).collect();
+    let mut whole = vec![Vec::new(); n];
+    let to_root: Vec<Vec<u32>> =
+        (0..n).map(|q| if q == 0 && me != 0 { src.clone() } else { Vec::new() }).collect();
+    mesh.exchange(&to_root, &mut whole, &sizes)?;
+    whole[0] = src;
+    Ok((secs, me != 0 || whole.concat() == expected(s)))
+}
+
+/// `--mode mp`: the mesh, the sort, the result line (rank 0) and the verdict.
+fn main_mp(s: &Size, raw: Vec<String>) -> ExitCode {
+    let run = || -> Result<bool, String> {
+        let (config, _) = treadmarks::Config::from_env_and_args(raw).map_err(|e| e.to_string())?;
+        let n = config.nprocs as usize;
+        let mut mesh = Mesh::start(n).map_err(|e| format!("cannot start the mesh: {e}"))?;
+        if config.pin.unwrap_or(true) {
+            treadmarks::mem::sched::pin_to_cpu(mesh.rank());
+        }
+        let (secs, ok) =
+            message_passing(s, &mut mesh, n).map_err(|e| format!("rank {}: {e}", mesh.rank()))?;
+        let me = mesh.rank();
+        mesh.finish().map_err(|e| e.to_string())?;
+        if me == 0 {
+            let detail = format!("{} keys, radix 2^{}, {} passes", s.keys, s.bits, s.passes());
+            println!("RESULT app=radix mode=mp nprocs={n} secs={secs:.6} detail={detail:?}");
+            println!("{}", if ok { "PASS" } else { "FAIL" });
+        }
+        Ok(ok)
+    };
+    match run() {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            treadmarks::report(&format!("radix: {e}"));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn size(args: &Args) -> Size {
+    let s = Size { keys: args.get("keys", 4 << 20), bits: args.get("bits", 8), seed: args.get("seed", 1) };
+    if !(1..=16).contains(&s.bits) {
+        treadmarks::report("radix: --bits must be 1..=16");
+        std::process::exit(2);
+    }
+    s
+}
+
+fn main() -> ExitCode {
+    let raw: Vec<String> = std::env::args().skip(1).collect();
+    let args = Args::new(&raw);
+    if args.get::<String>("mode", "dsm".into()) == "mp" {
+        return main_mp(&size(&args), raw);
+    }
+    run_app("radix", |app| {
+        let s = size(&app.args);
         let detail = format!("{} keys, radix 2^{}, {} passes", s.keys, s.bits, s.passes());
         let (secs, ok) = match app.mode {
             Mode::Seq => {
