@@ -1,4 +1,5 @@
-//! `tmk-bench` end to end: small runs of two apps at 1 and 2 nodes, their table, JSON and charts;
+//! `tmk-bench` end to end: small runs of two apps at 1 and 2 nodes (one with a message-passing
+//! version), their table, JSON and charts;
 //! and its refusals. The apps are the workspace's release binaries next to `tmk-bench` (built by
 //! `cargo test --workspace --release`, or `cargo build --release`).
 
@@ -33,7 +34,7 @@ impl Drop for Scratch {
 #[test]
 fn small_runs_give_a_table_json_and_charts() {
     let bin = Path::new(env!("CARGO_BIN_EXE_tmk-bench")).parent().expect("a directory").to_path_buf();
-    for app in ["sor", "qsort"] {
+    for app in ["sor", "radix"] {
         assert!(
             bin.join(app).exists(),
             "{app} is not built next to tmk-bench: run `cargo build --release` first"
@@ -41,14 +42,14 @@ fn small_runs_give_a_table_json_and_charts() {
     }
     let out_dir = Scratch::new("small");
     let out = bench()
-        .args(["--small", "--apps", "sor,qsort", "--nodes", "1,2", "--reps", "1", "--out"])
+        .args(["--small", "--apps", "sor,radix", "--nodes", "1,2", "--reps", "1", "--out"])
         .arg(&out_dir.0)
         .output()
         .expect("tmk-bench runs");
     let all = text(&out);
     assert!(out.status.success(), "{all}");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    for (app, n) in [("sor", "1"), ("sor", "2"), ("qsort", "1"), ("qsort", "2")] {
+    for (app, n) in [("sor", "1"), ("sor", "2"), ("radix", "1"), ("radix", "2")] {
         let row = stdout.lines().find(|l| l.split_whitespace().take(2).eq([app, n]));
         let row = row.unwrap_or_else(|| panic!("no row for {app} at {n} nodes in\n{all}"));
         // Small sizes are not what the targets are for: no verdict, and no summary.
@@ -56,12 +57,18 @@ fn small_runs_give_a_table_json_and_charts() {
     }
     assert!(!stdout.contains("targets at"), "{all}");
     assert!(!stdout.contains("FAILED"), "{all}");
+    // radix's message-passing version ran beside it, and only radix's.
+    for n in [1, 2] {
+        let line = format!("message passing (radix --mode mp), n={n}: ");
+        assert!(stdout.lines().any(|l| l.starts_with(&line) && l.contains("dsm/mp")), "{all}");
+    }
+    assert!(!stdout.contains("(sor --mode mp)"), "{all}");
 
     let json: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out_dir.0.join("bench.json")).expect("bench.json written"))
             .expect("bench.json is JSON");
     let apps = json["apps"].as_array().expect("an array of apps");
-    assert_eq!(apps.iter().map(|a| a["app"].as_str().unwrap_or("")).collect::<Vec<_>>(), ["sor", "qsort"]);
+    assert_eq!(apps.iter().map(|a| a["app"].as_str().unwrap_or("")).collect::<Vec<_>>(), ["sor", "radix"]);
     for a in apps {
         assert_eq!(a["failures"], 0, "{a}");
         assert!(a["seq"]["secs"].as_f64().is_some_and(|s| s > 0.0), "{a}");
@@ -73,11 +80,16 @@ fn small_runs_give_a_table_json_and_charts() {
         }
         // Two nodes talk; the statistics of both are summed.
         assert!(runs[1]["dsm"]["stats"]["msgs_sent"].as_f64().is_some_and(|m| m > 0.0), "{a}");
+        let mp = a["app"] == "radix";
+        for r in runs {
+            assert_eq!(r["mp"]["secs"].as_f64().is_some_and(|s| s > 0.0), mp, "{r}");
+            assert_eq!(r["dsm_over_mp"].as_f64().is_some(), mp, "{r}");
+        }
     }
     for chart in ["speedup.svg", "efficiency.svg"] {
         let svg = std::fs::read_to_string(out_dir.0.join(chart)).expect("chart written");
         assert!(svg.contains("<svg") && svg.trim_end().ends_with("</svg>"), "{chart}");
-        assert!(svg.contains("sor") && svg.contains("qsort"), "{chart} names the apps");
+        assert!(svg.contains("sor") && svg.contains("radix"), "{chart} names the apps");
     }
 }
 
