@@ -8,7 +8,7 @@ use crate::mem::{
     BorrowTracker, Doorbell, FaultBackend, FaultHandler, Heap, HeapLayout, HeapPages, Shared, View,
     ViewError, ViewMut,
 };
-use crate::protocol::{AppDone, BarrierId, LockId, Node, NodeConfig, NodeId, PageIdx, ProtocolError};
+use crate::protocol::{Access, AppDone, BarrierId, LockId, Node, NodeConfig, NodeId, PageIdx, ProtocolError};
 use crate::runtime::launch::{self, Children, StartupWatch};
 use crate::runtime::{Command, Engine, Mailbox, Reply, service};
 use crate::stats::Stats;
@@ -410,12 +410,10 @@ impl Tmk {
     ) -> Result<ViewMut<'_, T>> {
         let view = self.borrows.view_mut(&self.heap, h)?;
         let stream = parts.len() == 1;
+        let all = self.pages_of_parts(h, parts.iter().cloned(), Heap::overlapping_pages)?;
         if self.held.is_empty() {
-            let unwritable = self.pages_of_parts(h, parts.iter().cloned(), Heap::unwritable_pages)?;
-            if unwritable.len() >= TWIN_AHEAD_MIN_PAGES {
-                // Every page of the parts, writable ones too: the node renews the twin of one it
-                // serves meanwhile rather than freezing it (`Node::request_view`).
-                let all = self.pages_of_parts(h, parts.iter().cloned(), Heap::overlapping_pages)?;
+            let unwritable = all.iter().filter(|&&p| self.heap.access(p) != Access::ReadWrite).count();
+            if unwritable >= TWIN_AHEAD_MIN_PAGES {
                 // The pages wholly inside a part; the node keeps those it validates.
                 let whole = if overwrite {
                     self.pages_of_parts(h, parts, |heap, offset, len| {
@@ -426,11 +424,14 @@ impl Tmk {
                 } else {
                     Vec::new()
                 };
+                // Every page of the parts, writable ones too: the node renews the twin of one it
+                // serves meanwhile rather than freezing it (`Node::request_view`).
                 self.validate(all, true, whole, stream)?;
                 return Ok(view);
             }
         }
-        self.validate(self.pages_of_parts(h, parts, Heap::invalid_pages)?, false, Vec::new(), stream)?;
+        let invalid = all.into_iter().filter(|&p| self.heap.access(p) == Access::None).collect();
+        self.validate(invalid, false, Vec::new(), stream)?;
         Ok(view)
     }
 

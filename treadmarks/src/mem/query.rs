@@ -12,10 +12,10 @@ impl Heap {
         self.pages_with(offset, len, |a| a == Access::None)
     }
 
-    /// Pages overlapping bytes `offset .. offset + len` that the application cannot write now
-    /// without a fault (invalid or read-only). A snapshot, as for [`Heap::invalid_pages`].
-    pub fn unwritable_pages(&self, offset: u64, len: u64) -> Vec<PageIdx> {
-        self.pages_with(offset, len, |a| a != Access::ReadWrite)
+    /// What the application may do with page `p` now. A snapshot, as for
+    /// [`Heap::invalid_pages`].
+    pub fn access(&self, p: PageIdx) -> Access {
+        state::to_access(state::load_stable(self.state(p.0)))
     }
 
     /// Every page overlapping bytes `offset .. offset + len`, whatever its state.
@@ -30,9 +30,6 @@ impl Heap {
         let ps = self.page_size() as u64;
         let first = (offset / ps) as u32;
         let last = ((offset + len - 1) / ps).min(u64::from(self.npages()) - 1) as u32;
-        (first..=last)
-            .filter(|&p| keep(state::to_access(state::load_stable(self.state(p)))))
-            .map(PageIdx)
-            .collect()
+        (first..=last).map(PageIdx).filter(|&p| keep(self.access(p))).collect()
     }
 }

@@ -470,11 +470,10 @@ impl<M: PageMemory> Node<M> {
         if write {
             self.writing = sorted(pages);
         }
-        // Only the declared pages that are also validated (sorted once, and only if there are
-        // any: this runs for every view).
+        // Only the declared pages that are also validated (against the write view's pages,
+        // sorted once above; and only if there are any: this runs for every view).
         let whole: Vec<PageIdx> = if write && !whole.is_empty() {
-            let listed = sorted(pages);
-            sorted(whole).into_iter().filter(|p| listed.binary_search(p).is_ok()).collect()
+            sorted(whole).into_iter().filter(|p| self.writing.binary_search(p).is_ok()).collect()
         } else {
             Vec::new()
         };
