@@ -89,22 +89,23 @@ impl HeapPages {
         // Hold the whole span (the handler holds BUSY only briefly and never waits on us).
         let old: Vec<u8> = (first..=last).map(|p| state::acquire_busy(heap.state(p))).collect();
         let listed = |q: u32| pages.binary_search(&PageIdx(q)).is_ok();
+        let release = || {
+            for (k, s) in old.iter().enumerate() {
+                heap.state(first + k as u32).store(*s, Ordering::Release);
+            }
+        };
         let span_ok = (first..=last).all(|q| {
             let s = old[(q - first) as usize];
             if listed(q) { s == state::READ_WRITE || write_protected(s) } else { bridgeable(s) }
         });
         if !span_ok {
             // A page changed since it was looked at: release all, then by runs.
-            for (k, s) in old.iter().enumerate() {
-                heap.state(first + k as u32).store(*s, Ordering::Release);
-            }
+            release();
             return by_runs(self);
         }
         AtomicCounters::bump(&heap.counters.protect_calls);
         if let Err((op, errno)) = heap.change_run(first, count, state::READ_WRITE, new) {
-            for (k, s) in old.iter().enumerate() {
-                heap.state(first + k as u32).store(*s, Ordering::Release);
-            }
+            release();
             panic!(
                 "{op} of pages {first}..{} to {} failed: {} (errno {errno})",
                 last + 1,

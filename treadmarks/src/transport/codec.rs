@@ -84,13 +84,22 @@ pub fn encode_frame<T: Serialize + ?Sized>(msg: &T, out: &mut Vec<u8>) -> Result
         }
     }
     let len = out.len() - start - HEADER_LEN;
-    if len == 0 {
+    if let Err(e) = seal(&mut out[start..start + HEADER_LEN], len) {
         out.truncate(start);
+        return Err(e);
+    }
+    Ok(HEADER_LEN + len)
+}
+
+/// Writes the header of a frame whose payload is `len` bytes (at most [`MAX_FRAME`]) into
+/// `header`; an empty payload is refused.
+fn seal(header: &mut [u8], len: usize) -> Result<()> {
+    if len == 0 {
         return Err(TransportError::EmptyMessage);
     }
-    let header = u32::try_from(len).expect("payload length is bounded by MAX_FRAME");
-    out[start..start + HEADER_LEN].copy_from_slice(&header.to_le_bytes());
-    Ok(HEADER_LEN + len)
+    let len = u32::try_from(len).expect("payload length is bounded by MAX_FRAME");
+    header.copy_from_slice(&len.to_le_bytes());
+    Ok(())
 }
 
 /// Encodes `msg` as a frame in a new vector (see [`encode_frame`]).
@@ -172,11 +181,7 @@ pub fn encode_frame_parts<T: Serialize + ?Sized>(msg: &T, mut head: Vec<u8>) -> 
         }
         Err(source) => return Err(TransportError::Encode { source }),
     };
-    if payload == 0 {
-        return Err(TransportError::EmptyMessage);
-    }
-    let header = u32::try_from(payload).expect("payload length is bounded by MAX_FRAME");
-    head[..HEADER_LEN].copy_from_slice(&header.to_le_bytes());
+    seal(&mut head[..HEADER_LEN], payload)?;
     Ok(FrameParts { head, shared })
 }
 
