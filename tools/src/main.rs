@@ -2,8 +2,13 @@
 //! reports times, speedups, DSM efficiency and the DSM statistics.
 //!
 //! ```text
-//! tmk-bench [--apps sor,water|all] [--nodes 1,2,4] [--reps 3] [--small] [--bin DIR] [--out DIR]
+//! tmk-bench [--apps sor,water|all] [--nodes 1,2,4] [--reps 3] [--small] [--args 'APP=FLAGS']...
+//!           [--bin DIR] [--out DIR]
 //! ```
+//!
+//! `--args 'radix=--keys 4194304'` runs an app at a size of one's choosing (its flags replace
+//! the default size, or the `--small` one, for that app; repeat it for other apps). The targets
+//! are for the default sizes, so an app run so gets no verdict.
 //!
 //! For each app: `seq` once per repetition, then `threads` and `dsm` at every node count
 //! (`dsm` with `TMK_STATS=json`, whose per-node lines are added up), and for radix its
@@ -20,6 +25,7 @@ mod report;
 mod run;
 mod svg;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -30,12 +36,14 @@ pub struct Plan {
     pub nodes: Vec<usize>,
     pub reps: usize,
     pub small: bool,
+    /// Flags for the apps run at a size of the user's choosing (`--args APP=FLAGS`).
+    pub args: BTreeMap<&'static str, Vec<String>>,
     pub bin: PathBuf,
     pub out: PathBuf,
 }
 
-const USAGE: &str =
-    "usage: tmk-bench [--apps a,b|all] [--nodes 1,2,4] [--reps N] [--small] [--bin DIR] [--out DIR]";
+const USAGE: &str = "usage: tmk-bench [--apps a,b|all] [--nodes 1,2,4] [--reps N] [--small] \
+                     [--args 'APP=FLAGS']... [--bin DIR] [--out DIR]";
 
 fn usage(msg: &str) -> ! {
     eprintln!("tmk-bench: {msg}\n{USAGE}");
@@ -48,6 +56,7 @@ fn parse() -> Plan {
         nodes: vec![1, 2, 4],
         reps: 3,
         small: false,
+        args: BTreeMap::new(),
         bin: std::env::current_exe().ok().and_then(|p| p.parent().map(PathBuf::from)).unwrap_or_default(),
         out: PathBuf::from("target/tmk-bench"),
     };
@@ -81,6 +90,14 @@ fn parse() -> Plan {
                 plan.reps = value().parse().ok().filter(|&r| r > 0).unwrap_or_else(|| usage("bad --reps"))
             }
             "--small" => plan.small = true,
+            "--args" => {
+                let v = value();
+                let Some((name, flags)) = v.split_once('=') else {
+                    usage(&format!("--args needs APP=FLAGS, got {v:?}"))
+                };
+                let app = apps::find(name).unwrap_or_else(|| usage(&format!("unknown app {name:?}")));
+                plan.args.insert(app.name, flags.split_whitespace().map(String::from).collect());
+            }
             "--help" | "-h" => {
                 println!("{USAGE}\napps: {}", apps::ALL.iter().map(|a| a.name).collect::<Vec<_>>().join(" "));
                 std::process::exit(0);

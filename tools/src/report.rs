@@ -1,7 +1,7 @@
 //! The runner's output: a terminal table with the issue's targets checked and summed up,
 //! `bench.json` and the charts.
 
-use crate::run::{AppResult, Cell};
+use crate::run::{AppResult, Cell, Size};
 use crate::svg;
 use std::fmt::Write;
 use std::path::Path;
@@ -42,10 +42,11 @@ impl Target {
 }
 
 /// The issue's target for `r` at `n` nodes and how it fared: DSM time over sequential time at one
-/// node, over threads time at two. None at other node counts, for small runs (the targets are
-/// for the default sizes), or without both times (failed runs).
+/// node, over threads time at two. None at other node counts, for runs at other sizes than the
+/// default (small or the user's: the targets are for the default sizes), or without both times
+/// (failed runs).
 pub fn target(r: &AppResult, n: usize) -> Option<Target> {
-    if r.small {
+    if r.size != Size::Default {
         return None;
     }
     let dsm = r.dsm.get(&n)?.secs;
@@ -62,9 +63,14 @@ fn fmt_target(t: Option<Target>) -> String {
     t.map_or("-".into(), |t| format!("<={:.2} {}", t.limit, if t.met() { "met" } else { "MISS" }))
 }
 
-/// Iterations of the run, for per-iteration message counts.
+/// Iterations of the run, for per-iteration message counts (unknown at the user's sizes).
 fn iterations(r: &AppResult) -> Option<u64> {
-    r.app.iterations.map(|(default, small)| if r.small { small } else { default })
+    let (default, small) = r.app.iterations?;
+    match r.size {
+        Size::Default => Some(default),
+        Size::Small => Some(small),
+        Size::Custom(_) => None,
+    }
 }
 
 /// The readable table.
@@ -116,6 +122,17 @@ pub fn table(results: &[AppResult]) -> String {
         }
         if r.failures > 0 {
             let _ = writeln!(s, "{:<9}    {} FAILED RUNS", r.app.name, r.failures);
+        }
+    }
+    for r in results {
+        if let Size::Custom(flags) = &r.size {
+            let _ = writeln!(
+                s,
+                "{} ran with `{}` ({}): no target verdicts away from the default size",
+                r.app.name,
+                flags.join(" "),
+                r.detail
+            );
         }
     }
     s
@@ -203,7 +220,15 @@ fn json(results: &[AppResult]) -> serde_json::Value {
             serde_json::json!({
                 "app": r.app.name,
                 "detail": r.detail,
-                "small": r.small,
+                "size": match &r.size {
+                    Size::Default => "default",
+                    Size::Small => "small",
+                    Size::Custom(_) => "custom",
+                },
+                "args": match &r.size {
+                    Size::Custom(flags) => flags.clone(),
+                    _ => Vec::new(),
+                },
                 "seq": cell(&r.seq),
                 "runs": per_n,
                 "failures": r.failures,
@@ -258,12 +283,12 @@ mod tests {
         Cell { secs: Some(secs), stats: BTreeMap::new() }
     }
 
-    /// `app` at the default size (or `small`): sequential time `seq`, and `(nodes, threads time,
-    /// DSM time)` per node count.
-    fn result(app: &str, small: bool, seq: f64, runs: &[(usize, f64, f64)]) -> AppResult {
+    /// `app` at size `size`: sequential time `seq`, and `(nodes, threads time, DSM time)` per
+    /// node count.
+    fn result(app: &str, size: Size, seq: f64, runs: &[(usize, f64, f64)]) -> AppResult {
         AppResult {
             app: apps::find(app).expect("a known app"),
-            small,
+            size,
             seq: cell(seq),
             threads: runs.iter().map(|&(n, t, _)| (n, cell(t))).collect(),
             dsm: runs.iter().map(|&(n, _, d)| (n, cell(d))).collect(),
@@ -275,7 +300,7 @@ mod tests {
 
     #[test]
     fn targets_are_dsm_over_seq_at_one_node_and_over_threads_at_two() {
-        let r = result("water", false, 1.0, &[(1, 1.0, 1.04), (2, 0.5, 0.7), (4, 0.3, 0.9)]);
+        let r = result("water", Size::Default, 1.0, &[(1, 1.0, 1.04), (2, 0.5, 0.7), (4, 0.3, 0.9)]);
         let one = target(&r, 1).expect("a target at 1 node");
         assert_eq!((one.over, one.limit), ("seq", ONE_NODE_LIMIT));
         assert!((one.ratio - 1.04).abs() < 1e-9 && one.met());
@@ -283,25 +308,48 @@ mod tests {
         assert_eq!((two.over, two.limit), ("threads", 1.3));
         assert!((two.ratio - 1.4).abs() < 1e-9 && !two.met());
         assert_eq!(target(&r, 4), None, "no target at 4 nodes");
-        let radix = result("radix", false, 1.0, &[(2, 0.5, 0.99)]);
+        let radix = result("radix", Size::Default, 1.0, &[(2, 0.5, 0.99)]);
         assert!(target(&radix, 2).expect("a target").met(), "radix's target is 2.0");
     }
 
     #[test]
     fn small_runs_and_failed_cells_have_no_target() {
-        let small = result("sor", true, 1.0, &[(1, 1.0, 1.0), (2, 0.5, 0.6)]);
+        let small = result("sor", Size::Small, 1.0, &[(1, 1.0, 1.0), (2, 0.5, 0.6)]);
         assert_eq!((target(&small, 1), target(&small, 2)), (None, None));
-        let mut failed = result("sor", false, 1.0, &[(1, 1.0, 1.0), (2, 0.5, 0.6)]);
+        let mut failed = result("sor", Size::Default, 1.0, &[(1, 1.0, 1.0), (2, 0.5, 0.6)]);
         failed.dsm.insert(2, Cell::default());
         assert_eq!(target(&failed, 2), None);
         assert!(summary(&[small]).is_empty());
     }
 
     #[test]
+    fn runs_at_the_users_sizes_are_named_and_get_no_verdict() {
+        let flags = vec!["--keys".to_string(), "4194304".to_string()];
+        let mut radix = result("radix", Size::Custom(flags), 1.0, &[(1, 1.0, 1.0), (2, 0.5, 1.2)]);
+        radix.detail = "4194304 keys, radix 2^8, 4 passes".into();
+        let sor = result("sor", Size::Custom(vec!["--iterations".into(), "5".into()]), 1.0, &[(2, 0.5, 0.6)]);
+        assert_eq!((target(&radix, 1), target(&radix, 2), target(&sor, 2)), (None, None, None));
+        assert_eq!(iterations(&sor), None, "the user's flags may change the iterations");
+        let results = [radix, sor];
+        let t = table(&results);
+        assert!(
+            t.contains(
+                "radix ran with `--keys 4194304` (4194304 keys, radix 2^8, 4 passes): no target \
+                 verdicts away from the default size\n"
+            ),
+            "{t}"
+        );
+        assert!(summary(&results).is_empty());
+        let j = json(&results);
+        assert_eq!((&j["apps"][0]["size"], &j["apps"][0]["args"][1]), (&"custom".into(), &"4194304".into()));
+        assert_eq!(j["apps"][1]["runs"][0]["msgs_per_iteration"], serde_json::Value::Null);
+    }
+
+    #[test]
     fn the_table_marks_each_target_and_the_summary_names_the_misses() {
         let results = [
-            result("sor", false, 1.0, &[(1, 1.0, 1.01), (2, 0.5, 0.6)]),
-            result("water", false, 1.0, &[(1, 1.0, 1.2), (2, 0.5, 0.75)]),
+            result("sor", Size::Default, 1.0, &[(1, 1.0, 1.01), (2, 0.5, 0.6)]),
+            result("water", Size::Default, 1.0, &[(1, 1.0, 1.2), (2, 0.5, 0.75)]),
         ];
         let t = table(&results);
         let row = |app: &str, n: &str| {
@@ -329,7 +377,7 @@ mod tests {
 
     #[test]
     fn message_passing_runs_are_set_beside_threads_and_dsm() {
-        let mut radix = result("radix", false, 1.0, &[(2, 0.5, 1.2)]);
+        let mut radix = result("radix", Size::Default, 1.0, &[(2, 0.5, 1.2)]);
         radix.mp.insert(2, cell(0.8));
         assert_eq!(
             message_passing(std::slice::from_ref(&radix)),

@@ -20,11 +20,42 @@ pub struct Cell {
     pub stats: BTreeMap<String, f64>,
 }
 
+/// The size an app ran at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Size {
+    /// Its defaults: the size the targets are for.
+    Default,
+    /// Its quick size (`--small`).
+    Small,
+    /// Flags the user gave it (`--args APP=FLAGS`).
+    Custom(Vec<String>),
+}
+
+impl Size {
+    /// The size `plan` asks for `app`: the user's flags for it, else small or default.
+    fn of(plan: &Plan, app: &AppSpec) -> Size {
+        match plan.args.get(app.name) {
+            Some(flags) => Size::Custom(flags.clone()),
+            None if plan.small => Size::Small,
+            None => Size::Default,
+        }
+    }
+
+    /// The flags that select it.
+    fn flags<'a>(&'a self, app: &'a AppSpec) -> Vec<&'a str> {
+        match self {
+            Size::Default => Vec::new(),
+            Size::Small => app.small.to_vec(),
+            Size::Custom(flags) => flags.iter().map(String::as_str).collect(),
+        }
+    }
+}
+
 /// Everything measured for one app.
 #[derive(Debug, Clone)]
 pub struct AppResult {
     pub app: &'static AppSpec,
-    pub small: bool,
+    pub size: Size,
     pub seq: Cell,
     /// By node count.
     pub threads: BTreeMap<usize, Cell>,
@@ -41,13 +72,10 @@ struct One {
     detail: String,
 }
 
-fn run_one(plan: &Plan, app: &AppSpec, mode: &str, n: usize) -> Result<One, String> {
+fn run_one(plan: &Plan, app: &AppSpec, size: &Size, mode: &str, n: usize) -> Result<One, String> {
     let exe = plan.bin.join(app.name);
     let mut cmd = Command::new(&exe);
-    cmd.args(["--mode", mode, "-n", &n.to_string()]);
-    if plan.small {
-        cmd.args(app.small);
-    }
+    cmd.args(["--mode", mode, "-n", &n.to_string()]).args(size.flags(app));
     cmd.env("TMK_STATS", "json").stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
     let child = cmd.spawn().map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
     let pgid = child.id() as i32;
@@ -130,6 +158,7 @@ pub fn run_all(plan: &Plan) -> Result<Vec<AppResult>, String> {
         // passing at each node count), so that the machine's drift during a run weighs on all
         // of them alike: the report is about their ratios.
         let cells = cells_of(app);
+        let size = Size::of(plan, app);
         let mut runs: Vec<Runs> = cells.iter().map(|_| Runs::default()).collect();
         let mut detail = String::new();
         for rep in 0..plan.reps {
@@ -137,7 +166,7 @@ pub fn run_all(plan: &Plan) -> Result<Vec<AppResult>, String> {
                 step += 1;
                 print!("\r[{step}/{total}] {} {mode} n={n} rep {} ...{:20}", app.name, rep + 1, "");
                 let _ = std::io::stdout().flush();
-                match run_one(plan, app, mode, n) {
+                match run_one(plan, app, &size, mode, n) {
                     Ok(one) => {
                         if mode == "seq" {
                             detail = one.detail.clone();
@@ -162,7 +191,7 @@ pub fn run_all(plan: &Plan) -> Result<Vec<AppResult>, String> {
                 _ => dsm.insert(n, cell),
             };
         }
-        results.push(AppResult { app, small: plan.small, seq, threads, dsm, mp, failures, detail });
+        results.push(AppResult { app, size, seq, threads, dsm, mp, failures, detail });
     }
     println!("\r{:70}", "");
     Ok(results)

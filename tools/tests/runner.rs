@@ -1,5 +1,5 @@
 //! `tmk-bench` end to end: small runs of two apps at 1 and 2 nodes (one with a message-passing
-//! version), their table, JSON and charts;
+//! version, at a size given with `--args`), their table, JSON and charts;
 //! and its refusals. The apps are the workspace's release binaries next to `tmk-bench` (built by
 //! `cargo test --workspace --release`, or `cargo build --release`).
 
@@ -42,7 +42,8 @@ fn small_runs_give_a_table_json_and_charts() {
     }
     let out_dir = Scratch::new("small");
     let out = bench()
-        .args(["--small", "--apps", "sor,radix", "--nodes", "1,2", "--reps", "1", "--out"])
+        .args(["--small", "--apps", "sor,radix", "--args", "radix=--keys 50000", "--nodes", "1,2"])
+        .args(["--reps", "1", "--out"])
         .arg(&out_dir.0)
         .output()
         .expect("tmk-bench runs");
@@ -56,6 +57,9 @@ fn small_runs_give_a_table_json_and_charts() {
         assert!(row.split_whitespace().nth(7) == Some("-"), "{row}");
     }
     assert!(!stdout.contains("targets at"), "{all}");
+    // radix ran at the size given, which the table names.
+    let sized = "radix ran with `--keys 50000` (50000 keys, radix 2^8, 4 passes): no target verdicts";
+    assert!(stdout.contains(sized), "{all}");
     assert!(!stdout.contains("FAILED"), "{all}");
     // radix's message-passing version ran beside it, and only radix's.
     for n in [1, 2] {
@@ -69,6 +73,8 @@ fn small_runs_give_a_table_json_and_charts() {
             .expect("bench.json is JSON");
     let apps = json["apps"].as_array().expect("an array of apps");
     assert_eq!(apps.iter().map(|a| a["app"].as_str().unwrap_or("")).collect::<Vec<_>>(), ["sor", "radix"]);
+    assert_eq!((&apps[0]["size"], &apps[1]["size"]), (&"small".into(), &"custom".into()));
+    assert_eq!(apps[1]["args"], serde_json::json!(["--keys", "50000"]));
     for a in apps {
         assert_eq!(a["failures"], 0, "{a}");
         assert!(a["seq"]["secs"].as_f64().is_some_and(|s| s > 0.0), "{a}");
@@ -98,6 +104,14 @@ fn bad_arguments_and_missing_apps_are_refused_by_name() {
     let out = bench().args(["--apps", "sor,nosuch"]).output().expect("tmk-bench runs");
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("unknown app \"nosuch\""), "{}", text(&out));
+
+    for (args, says) in
+        [("nosuch=--keys 5", "unknown app \"nosuch\""), ("radix", "--args needs APP=FLAGS, got \"radix\"")]
+    {
+        let out = bench().args(["--args", args]).output().expect("tmk-bench runs");
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+        assert!(text(&out).contains(says), "{}", text(&out));
+    }
 
     let out = bench().args(["--nodes", "0"]).output().expect("tmk-bench runs");
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
