@@ -92,7 +92,7 @@ fn parse() -> Plan {
             "--small" => plan.small = true,
             "--args" => {
                 let v = value();
-                let Some((name, flags)) = v.split_once('=') else {
+                let Some((name, flags)) = v.split_once('=').filter(|(_, f)| !f.trim().is_empty()) else {
                     usage(&format!("--args needs APP=FLAGS, got {v:?}"))
                 };
                 let app = apps::find(name).unwrap_or_else(|| usage(&format!("unknown app {name:?}")));

@@ -220,14 +220,10 @@ fn json(results: &[AppResult]) -> serde_json::Value {
             serde_json::json!({
                 "app": r.app.name,
                 "detail": r.detail,
-                "size": match &r.size {
-                    Size::Default => "default",
-                    Size::Small => "small",
-                    Size::Custom(_) => "custom",
-                },
+                "size": r.size.name(),
                 "args": match &r.size {
-                    Size::Custom(flags) => flags.clone(),
-                    _ => Vec::new(),
+                    Size::Custom(flags) => flags.as_slice(),
+                    _ => &[],
                 },
                 "seq": cell(&r.seq),
                 "runs": per_n,

@@ -41,6 +41,15 @@ impl Size {
         }
     }
 
+    /// Its name in `bench.json`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Size::Default => "default",
+            Size::Small => "small",
+            Size::Custom(_) => "custom",
+        }
+    }
+
     /// The flags that select it.
     fn flags<'a>(&'a self, app: &'a AppSpec) -> Vec<&'a str> {
         match self {

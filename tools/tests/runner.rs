@@ -105,9 +105,11 @@ fn bad_arguments_and_missing_apps_are_refused_by_name() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("unknown app \"nosuch\""), "{}", text(&out));
 
-    for (args, says) in
-        [("nosuch=--keys 5", "unknown app \"nosuch\""), ("radix", "--args needs APP=FLAGS, got \"radix\"")]
-    {
+    for (args, says) in [
+        ("nosuch=--keys 5", "unknown app \"nosuch\""),
+        ("radix", "--args needs APP=FLAGS, got \"radix\""),
+        ("radix= ", "--args needs APP=FLAGS, got \"radix= \""),
+    ] {
         let out = bench().args(["--args", args]).output().expect("tmk-bench runs");
         assert_eq!(out.status.code(), Some(2), "{}", text(&out));
         assert!(text(&out).contains(says), "{}", text(&out));
