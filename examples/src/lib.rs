@@ -161,12 +161,18 @@ fn run_inner(
         Mode::Seq => "seq",
         Mode::Threads => "threads",
     };
-    println!(
-        "RESULT app={name} mode={mode_name} nprocs={} secs={:.6} detail={:?}",
-        app.nprocs, outcome.secs, outcome.detail
-    );
-    println!("{}", if outcome.ok { "PASS" } else { "FAIL" });
+    print_result(name, mode_name, app.nprocs, outcome.secs, &outcome.detail, outcome.ok);
     Ok(if outcome.ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// Prints the `RESULT` line and `PASS` or `FAIL`. A reader that stopped reading (`| head -1`)
+/// is not the run's failure, and the exit status still gives the verdict, so write errors are
+/// ignored (`println!` would panic on the closed pipe).
+pub fn print_result(app: &str, mode: &str, nprocs: usize, secs: f64, detail: &str, ok: bool) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "RESULT app={app} mode={mode} nprocs={nprocs} secs={secs:.6} detail={detail:?}")
+        .and_then(|()| writeln!(out, "{}", if ok { "PASS" } else { "FAIL" }));
 }
 
 /// The rows `[begin, end)` of `0..n` that worker `me` of `nprocs` works on (contiguous blocks,

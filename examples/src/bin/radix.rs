@@ -19,7 +19,7 @@ use std::process::ExitCode;
 use std::sync::Barrier;
 use treadmarks::Shared;
 use treadmarks_examples::mesh::Mesh;
-use treadmarks_examples::{App, Args, Mode, Outcome, SharedMut, Timer, block, keys, run_app};
+use treadmarks_examples::{App, Args, Mode, Outcome, SharedMut, Timer, block, keys, print_result, run_app};
 
 /// Histogram rows are padded to 4 KiB (1024 `u32`s), so no two nodes write the same page.
 const ROW_PAD: usize = 1024;
@@ -291,8 +291,7 @@ fn main_mp(s: &Size, raw: Vec<String>) -> ExitCode {
         mesh.finish().map_err(|e| e.to_string())?;
         if me == 0 {
             let detail = format!("{} keys, radix 2^{}, {} passes", s.keys, s.bits, s.passes());
-            println!("RESULT app=radix mode=mp nprocs={n} secs={secs:.6} detail={detail:?}");
-            println!("{}", if ok { "PASS" } else { "FAIL" });
+            print_result("radix", "mp", n, secs, &detail, ok);
         }
         Ok(ok)
     };
