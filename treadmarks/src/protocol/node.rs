@@ -654,11 +654,7 @@ impl<M: PageMemory> Node<M> {
     /// [`PageMemory::write_protect_pages`], whose runs may go on across gaps too.
     pub(crate) fn set_access_in_runs(&mut self, pages: impl IntoIterator<Item = PageIdx>, access: Access) {
         if access == Access::Read {
-            let pages: Vec<PageIdx> = pages.into_iter().collect();
-            if !pages.is_empty() {
-                self.mem.write_protect_pages(&pages, false);
-            }
-            return;
+            return self.write_protect(pages, false);
         }
         let bridge = if access == Access::None { INVALID_BRIDGE_PAGES } else { 0 };
         self.in_runs(pages, bridge, |mem, first, count| mem.set_access(first, count, access));
@@ -667,9 +663,14 @@ impl<M: PageMemory> Node<M> {
     /// [`PageMemory::freeze`] on `pages` (ascending), in runs
     /// ([`PageMemory::write_protect_pages`]).
     pub(crate) fn freeze_in_runs(&mut self, pages: impl IntoIterator<Item = PageIdx>) {
+        self.write_protect(pages, true);
+    }
+
+    /// [`PageMemory::write_protect_pages`] on `pages` (ascending), if there are any.
+    fn write_protect(&mut self, pages: impl IntoIterator<Item = PageIdx>, freeze: bool) {
         let pages: Vec<PageIdx> = pages.into_iter().collect();
         if !pages.is_empty() {
-            self.mem.write_protect_pages(&pages, true);
+            self.mem.write_protect_pages(&pages, freeze);
         }
     }
 

@@ -859,6 +859,30 @@ mod tests {
         assert_eq!(counters.bytes_sent, bytes as u64);
     }
 
+    /// Starts node 0's links (from `zero`) and, once the runtime has seen the socket to node 1
+    /// writable (until then `send` leaves frames to the writer task), runs `body` on them
+    /// without awaiting: the writer task writes nothing meanwhile, so every frame counted was
+    /// written, in whole or in part, by `send` itself. Then lets node 1's reader go, and says
+    /// goodbye and closes. Returns `body`'s value and the link's counters.
+    fn to_late_reader<T>(
+        zero: Mesh,
+        go: std::sync::mpsc::Sender<()>,
+        body: impl FnOnce(&Links, &Link) -> T,
+    ) -> (T, LinkCounters) {
+        on_runtime(async {
+            let (tx, _rx) = mpsc::unbounded_channel();
+            let links = Links::start(zero, tx).unwrap();
+            let link = links.link(NodeId(1)).unwrap();
+            tokio::time::timeout(WAIT, link.half.writable()).await.unwrap().unwrap();
+            let out = body(&links, link);
+            go.send(()).unwrap();
+            links.goodbye();
+            let counters = Arc::clone(&links.counters);
+            links.flush_and_close().await;
+            (out, counters[1].snapshot())
+        })
+    }
+
     /// A frame in parts carrying `payload`: its bytes from `SHARE_AT` on in slices of 5,000
     /// bytes by reference (the last one shorter), the rest in the head.
     fn parts_frame(payload: &[u8]) -> FrameParts {
@@ -877,11 +901,7 @@ mod tests {
         let (go, reader) = late_raw_reader(&mut one);
         let big = |tag: u8| (0..(3usize << 20) + 777).map(|i| (i % 253) as u8 ^ tag).collect::<Vec<u8>>();
         let mut expected = Vec::new();
-        let (direct, counters) = on_runtime(async {
-            let (tx, _rx) = mpsc::unbounded_channel();
-            let links = Links::start(zero, tx).unwrap();
-            let link = links.link(NodeId(1)).unwrap();
-            tokio::time::timeout(WAIT, link.half.writable()).await.unwrap().unwrap();
+        let (direct, counters) = to_late_reader(zero, go, |links, link| {
             // A small frame in parts goes at once; then big ones fill the socket (nobody reads),
             // so one is written in part and the rest queue, plain frames between them.
             expected.push(big(0)[..20_000].to_vec());
@@ -894,11 +914,7 @@ mod tests {
                 links.send(NodeId(1), echo_frame(expected.last().unwrap())).unwrap();
             }
             assert!(link.unwritten.load(Ordering::Acquire) > 0, "the socket never filled");
-            go.send(()).unwrap();
-            links.goodbye();
-            let counters = Arc::clone(&links.counters);
-            links.flush_and_close().await;
-            (direct, counters[1].snapshot())
+            direct
         });
         let got = reader.join().unwrap();
         assert!(direct, "the first frame was not written at once");
@@ -913,14 +929,7 @@ mod tests {
         let big = |tag: u8| (0..(8usize << 20) + 12_345).map(|i| (i % 251) as u8 ^ tag).collect::<Vec<u8>>();
         let small = |i: u32| (0..i % 50 + 1).map(|k| (k ^ i) as u8).collect::<Vec<u8>>();
         let mut expected = Vec::new();
-        let (partial, counters) = on_runtime(async {
-            let (tx, _rx) = mpsc::unbounded_channel();
-            let links = Links::start(zero, tx).unwrap();
-            let link = links.link(NodeId(1)).unwrap();
-            // Until the runtime has seen the socket writable, `send` leaves frames to the writer.
-            tokio::time::timeout(WAIT, link.half.writable()).await.unwrap().unwrap();
-            // Nothing awaits from here on, so the writer task writes nothing yet: every frame
-            // counted was written (in whole or in part) by `send` itself.
+        let (partial, counters) = to_late_reader(zero, go, |links, link| {
             let mut partial = false;
             for round in 0..8u8 {
                 expected.push(big(round));
@@ -938,11 +947,7 @@ mod tests {
                 expected.push(small(i + 1000));
                 links.send(NodeId(1), echo_frame(expected.last().unwrap())).unwrap();
             }
-            go.send(()).unwrap();
-            links.goodbye();
-            let counters = Arc::clone(&links.counters);
-            links.flush_and_close().await;
-            (partial, counters[1].snapshot())
+            partial
         });
         let got = reader.join().unwrap();
         assert!(partial, "the first large frame was not left in part to the writer");
