@@ -1,8 +1,9 @@
 //! What the example applications share: argument parsing, the three run modes, timing, the
 //! result line and the PASS/FAIL verdict.
 //!
-//! Every app is one binary taking `-n N`, `--mode dsm|seq|threads` and its own size flags. It
-//! times its parallel section only, checks its result against a sequential computation, and
+//! Every app is one binary taking `-n N`, `--mode dsm|seq|threads` and its own size flags, which
+//! it declares ([`Flag`]): `--help` lists them with their defaults, and any other argument is
+//! refused by name (exit status 2) before anything runs. It times its parallel section only, checks its result against a sequential computation, and
 //! prints (node 0 only, in DSM mode):
 //!
 //! ```text
@@ -35,38 +36,116 @@ pub enum Mode {
     Threads,
 }
 
-/// Arguments left after the runtime took its own (`-n`, `--rank`, `--root`).
+/// One flag of an app beyond `-n` and `--mode`: `--name V` (or `--name=V`), its default, and
+/// what it sets. An app declares all of them; [`Args`] refuses any other and lists them for
+/// `--help`.
+#[derive(Debug, Clone, Copy)]
+pub struct Flag {
+    pub name: &'static str,
+    pub default: &'static str,
+    pub help: &'static str,
+}
+
+/// An app's command line, less the runtime's own flags (`-n`, `--nprocs`, `--rank`, `--root`),
+/// checked against the app's [`Flag`]s and the modes it has.
 #[derive(Debug, Clone)]
 pub struct Args {
     args: Vec<String>,
+    flags: &'static [Flag],
 }
 
 impl Args {
-    /// Wraps the arguments.
-    pub fn new(args: &[String]) -> Self {
-        Args { args: args.to_vec() }
+    /// Checks `args` for app `app`: prints its usage and exits 0 on `--help` or `-h`; exits 2
+    /// naming the argument on anything that is not `--mode` (one of `modes`) or a flag of
+    /// `flags` with a value.
+    pub fn new(app: &str, args: &[String], flags: &'static [Flag], modes: &[&str]) -> Self {
+        let parsed = Args { args: args.to_vec(), flags };
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            if a == "--help" || a == "-h" {
+                print!("{}", usage(app, flags, modes));
+                std::process::exit(0);
+            }
+            let Some(flag) = a.strip_prefix("--") else {
+                fail_usage(&format!("{app}: unexpected argument {a:?}\n{}", usage(app, flags, modes)))
+            };
+            let (name, inline) = match flag.split_once('=') {
+                Some((name, _)) => (name, true),
+                None => (flag, false),
+            };
+            if name != "mode" && !flags.iter().any(|f| f.name == name) {
+                fail_usage(&format!("{app}: unknown flag --{name}\n{}", usage(app, flags, modes)))
+            }
+            if !inline && it.next().is_none() {
+                fail_usage(&format!("{app}: --{name} needs a value"))
+            }
+        }
+        let mode = parsed.mode();
+        if !modes.contains(&mode.as_str()) {
+            fail_usage(&format!("{app}: --mode must be one of {}, not {mode:?}", modes.join(", ")))
+        }
+        parsed
     }
 
-    /// The value of `--name V` or `--name=V`, parsed, or `default`. Exits with a message if it
-    /// does not parse.
-    pub fn get<T: std::str::FromStr>(&self, name: &str, default: T) -> T {
+    /// The value of `--mode`, or `dsm`.
+    pub fn mode(&self) -> String {
+        self.value("mode").unwrap_or_else(|| "dsm".into())
+    }
+
+    /// The value of flag `name` (one of the app's), parsed, or its declared default. Exits with
+    /// a message naming the value if it does not parse.
+    pub fn get<T: std::str::FromStr>(&self, name: &str) -> T {
+        let Some(flag) = self.flags.iter().find(|f| f.name == name) else {
+            panic!("--{name} is not one of this app's declared flags")
+        };
+        let raw = self.value(name).unwrap_or_else(|| flag.default.to_string());
+        raw.parse().unwrap_or_else(|_| fail_usage(&format!("bad value {raw:?} for --{name}")))
+    }
+
+    /// The last value given for `--name`, if any.
+    fn value(&self, name: &str) -> Option<String> {
         let flag = format!("--{name}");
+        let mut found = None;
         let mut it = self.args.iter();
         while let Some(a) = it.next() {
-            let raw = if *a == flag {
-                match it.next() {
-                    Some(v) => v.clone(),
-                    None => fail_usage(&format!("{flag} needs a value")),
-                }
+            if *a == flag {
+                found = it.next().cloned();
             } else if let Some(v) = a.strip_prefix(&flag).and_then(|r| r.strip_prefix('=')) {
-                v.to_string()
-            } else {
-                continue;
-            };
-            return raw.parse().unwrap_or_else(|_| fail_usage(&format!("bad value {raw:?} for {flag}")));
+                found = Some(v.to_string());
+            }
         }
-        default
+        found
     }
+}
+
+/// The usage text of app `app`.
+fn usage(app: &str, flags: &[Flag], modes: &[&str]) -> String {
+    let mut mode_help =
+        "dsm (default): on treadmarks nodes; seq: one thread; threads: threads sharing memory".to_string();
+    if modes.contains(&"mp") {
+        mode_help += "; mp: processes passing messages";
+    }
+    let n_help = if modes.contains(&"mp") {
+        "nodes, threads or processes (default 1)"
+    } else {
+        "nodes or threads (default 1)"
+    };
+    let mut lines = vec![("-n N".to_string(), n_help.to_string())];
+    lines.push((format!("--mode {}", modes.join("|")), mode_help));
+    lines.extend(
+        flags.iter().map(|f| (format!("--{} V", f.name), format!("{} (default {})", f.help, f.default))),
+    );
+    let width = lines.iter().map(|(l, _)| l.len()).max().unwrap_or(0);
+    let mut out = format!("usage: {app} [-n N] [--mode M]");
+    for f in flags {
+        out += &format!(" [--{} V]", f.name);
+    }
+    out += "\n";
+    for (left, right) in lines {
+        out += &format!("  {left:width$}  {right}\n");
+    }
+    out += "Prints a RESULT line, then PASS, or FAIL and exits with status 1. Runtime settings (TMK_*): see the README.\n";
+    out
 }
 
 fn fail_usage(msg: &str) -> ! {
@@ -117,10 +196,39 @@ impl App {
     }
 }
 
-/// Runs an app: sets up the mode, runs `body`, prints the result line and the verdict, and
-/// returns the exit status (non-zero on FAIL or error).
-pub fn run_app(name: &str, body: impl FnOnce(&mut App) -> treadmarks::Result<Outcome>) -> ExitCode {
-    match run_inner(name, body) {
+/// The modes every app has.
+pub const MODES: &[&str] = &["dsm", "seq", "threads"];
+
+/// The command line of app `name`: the runtime's settings (`-n` and `TMK_*`) and the app's
+/// flags, checked. Exits 2 with a message naming a bad one, and 0 after printing the usage on
+/// `--help`.
+pub fn command_line(name: &str, flags: &'static [Flag], modes: &[&str]) -> (treadmarks::Config, Args) {
+    let raw: Vec<String> = std::env::args().skip(1).collect();
+    let (config, rest) =
+        treadmarks::Config::from_env_and_args(raw).unwrap_or_else(|e| fail_usage(&format!("{name}: {e}")));
+    (config, Args::new(name, &rest, flags, modes))
+}
+
+/// Runs an app: reads its command line ([`command_line`]), sets up the mode, runs `body`,
+/// prints the result line and the verdict, and returns the exit status (non-zero on FAIL or
+/// error).
+pub fn run_app(
+    name: &str,
+    flags: &'static [Flag],
+    body: impl FnOnce(&mut App) -> treadmarks::Result<Outcome>,
+) -> ExitCode {
+    let (config, args) = command_line(name, flags, MODES);
+    run_parsed(name, &config, args, body)
+}
+
+/// [`run_app`] on a command line already read (radix reads its own, for its fourth mode).
+pub fn run_parsed(
+    name: &str,
+    config: &treadmarks::Config,
+    args: Args,
+    body: impl FnOnce(&mut App) -> treadmarks::Result<Outcome>,
+) -> ExitCode {
+    match run_inner(config, args, name, body) {
         Ok(code) => code,
         Err(e) => {
             treadmarks::report(&format!("{name}: {e}"));
@@ -130,23 +238,23 @@ pub fn run_app(name: &str, body: impl FnOnce(&mut App) -> treadmarks::Result<Out
 }
 
 fn run_inner(
+    config: &treadmarks::Config,
+    args: Args,
     name: &str,
     body: impl FnOnce(&mut App) -> treadmarks::Result<Outcome>,
 ) -> treadmarks::Result<ExitCode> {
-    let raw: Vec<String> = std::env::args().skip(1).collect();
-    let mode = match Args::new(&raw).get::<String>("mode", "dsm".into()).as_str() {
+    let mode = match args.mode().as_str() {
         "dsm" => Mode::Dsm,
         "seq" => Mode::Seq,
         "threads" => Mode::Threads,
-        other => fail_usage(&format!("--mode must be dsm, seq or threads, not {other:?}")),
+        other => fail_usage(&format!("{name}: --mode {other} is not run here")),
     };
     let mut app = if mode == Mode::Dsm {
         let tmk = Tmk::startup()?;
-        App { mode, nprocs: tmk.nprocs(), args: Args::new(tmk.args()), tmk: Some(tmk) }
+        App { mode, nprocs: tmk.nprocs(), args, tmk: Some(tmk) }
     } else {
-        let (config, rest) = treadmarks::Config::from_env_and_args(raw)?;
         let nprocs = if mode == Mode::Seq { 1 } else { config.nprocs as usize };
-        App { mode, nprocs, args: Args::new(&rest), tmk: None }
+        App { mode, nprocs, args, tmk: None }
     };
     let outcome = body(&mut app)?;
     let me = app.tmk.as_ref().map_or(0, Tmk::proc_id);
@@ -203,10 +311,20 @@ mod tests {
     }
 
     #[test]
-    fn flags_parse_both_ways() {
-        let a = Args::new(&["--rows".into(), "12".into(), "--cols=7".into()]);
-        assert_eq!(a.get("rows", 0usize), 12);
-        assert_eq!(a.get("cols", 0usize), 7);
-        assert_eq!(a.get("iterations", 5usize), 5);
+    fn flags_parse_both_ways_and_fall_back_to_their_defaults() {
+        const FLAGS: &[Flag] = &[
+            Flag { name: "rows", default: "1", help: "rows" },
+            Flag { name: "cols", default: "2", help: "columns" },
+            Flag { name: "iterations", default: "5", help: "iterations" },
+        ];
+        let raw = ["--rows", "12", "--cols=7", "--mode", "seq"].map(String::from);
+        let a = Args::new("t", &raw, FLAGS, MODES);
+        assert_eq!(a.get::<usize>("rows"), 12);
+        assert_eq!(a.get::<usize>("cols"), 7);
+        assert_eq!(a.get::<usize>("iterations"), 5);
+        assert_eq!(a.mode(), "seq");
+        let text = usage("t", FLAGS, MODES);
+        assert!(text.contains("--cols V") && text.contains("columns (default 2)"), "{text}");
+        assert!(!text.contains("mp:"), "{text}");
     }
 }

@@ -25,6 +25,8 @@
 //! | fault backend | `TMK_FAULTS` (`auto`, `uffd`, `mprotect`) | | `auto`: userfaultfd if the kernel offers it |
 //!
 //! Flags win over variables. Flags this module does not know are left for the application.
+//! On/off settings take `1`, `on`, `true` or `yes` and `0`, `off`, `false` or `no`; a value that
+//! does not parse is refused with an error naming the setting and the value.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -98,6 +100,9 @@ pub struct Config {
     /// How long the service thread polls while the application waits (`TMK_SERVICE_SPIN_US`);
     /// `None`: [`DEFAULT_SERVICE_SPIN`] when the node has a CPU of its own, else none.
     pub service_spin: Option<Duration>,
+    /// How long the application thread polls for a reply, or for a fault's resolution, before
+    /// it sleeps (`TMK_SPIN_US`).
+    pub app_spin: Duration,
 }
 
 /// Allocator heap the service thread backs at startup, by default (`mem/malloc.rs`): radix at
@@ -129,6 +134,9 @@ pub const DEFAULT_TWIN_RESERVE: usize = 32 << 20;
 /// Pages a view must fetch to stream (`protocol/stream.rs`), by default.
 pub const DEFAULT_STREAM_MIN_PAGES: usize = 64;
 
+/// The application thread's polling budget, by default.
+pub const DEFAULT_APP_SPIN: Duration = Duration::from_micros(100);
+
 /// The service thread's polling budget for a node pinned to a CPU of its own.
 pub const DEFAULT_SERVICE_SPIN: Duration = Duration::from_micros(1000);
 
@@ -158,12 +166,29 @@ impl Default for Config {
             pin: None,
             service_rt: None,
             service_spin: None,
+            app_spin: DEFAULT_APP_SPIN,
         }
     }
 }
 
 fn invalid(name: &'static str, value: &str, why: impl ToString) -> ConfigError {
     ConfigError::Invalid { name, value: value.to_string(), why: why.to_string() }
+}
+
+/// An on/off setting: `1`, `on`, `true` or `yes`; `0`, `off`, `false` or `no`.
+fn switch(name: &'static str, v: &str) -> Result<bool, ConfigError> {
+    match v.to_ascii_lowercase().as_str() {
+        "1" | "on" | "true" | "yes" => Ok(true),
+        "0" | "off" | "false" | "no" => Ok(false),
+        _ => Err(invalid(name, v, "expected 1 or 0 (on/off, true/false, yes/no)")),
+    }
+}
+
+/// `HOST:PORT` (a name or an address), resolved to its first address.
+fn address(name: &'static str, v: &str) -> Result<SocketAddr, ConfigError> {
+    use std::net::ToSocketAddrs;
+    let mut addrs = v.to_socket_addrs().map_err(|e| invalid(name, v, e))?;
+    addrs.next().ok_or_else(|| invalid(name, v, "the name resolves to no address"))
 }
 
 fn num<T: std::str::FromStr>(name: &'static str, v: &str) -> Result<T, ConfigError>
@@ -202,7 +227,7 @@ impl Config {
             c.role = Role::Member { rank: num("TMK_RANK", &v)? };
         }
         if let Some(v) = env("TMK_ROOT") {
-            c.root = Some(num("TMK_ROOT", &v)?);
+            c.root = Some(address("TMK_ROOT", &v)?);
         }
         if let Some(v) = env("TMK_HEAP_SIZE") {
             c.heap_size = parse_size("TMK_HEAP_SIZE", &v)?;
@@ -222,13 +247,16 @@ impl Config {
             c.gc_threshold = parse_size("TMK_GC_THRESHOLD", &v)? as u64;
         }
         if let Some(v) = env("TMK_PIN") {
-            c.pin = Some(v != "0");
+            c.pin = Some(switch("TMK_PIN", &v)?);
         }
         if let Some(v) = env("TMK_SERVICE_RT") {
-            c.service_rt = Some(v != "0");
+            c.service_rt = Some(switch("TMK_SERVICE_RT", &v)?);
         }
         if let Some(v) = env("TMK_SERVICE_SPIN_US") {
             c.service_spin = Some(Duration::from_micros(num("TMK_SERVICE_SPIN_US", &v)?));
+        }
+        if let Some(v) = env("TMK_SPIN_US") {
+            c.app_spin = Duration::from_micros(num("TMK_SPIN_US", &v)?);
         }
         if let Some(v) = env("TMK_DIFF_RESERVE") {
             c.diff_reserve = Some(parse_size("TMK_DIFF_RESERVE", &v)? as u64);
@@ -240,13 +268,13 @@ impl Config {
             c.malloc_reserve = parse_size("TMK_MALLOC_RESERVE", &v)?;
         }
         if let Some(v) = env("TMK_PUSH") {
-            c.push = v != "0";
+            c.push = switch("TMK_PUSH", &v)?;
         }
         if let Some(v) = env("TMK_PUSH_SKIP") {
-            c.push_skip = v != "0";
+            c.push_skip = switch("TMK_PUSH_SKIP", &v)?;
         }
         if let Some(v) = env("TMK_BACK_HEAP") {
-            c.back_heap = v != "0";
+            c.back_heap = switch("TMK_BACK_HEAP", &v)?;
         }
         if let Some(v) = env("TMK_LOCK_BUNDLE") {
             c.lock_bundle = num("TMK_LOCK_BUNDLE", &v)?;
@@ -255,8 +283,8 @@ impl Config {
             c.stream_min_pages = num("TMK_STREAM_MIN_PAGES", &v)?;
         }
         if let Some(v) = env("TMK_STATS") {
-            c.print_stats = v != "0";
             c.stats_json = v == "json";
+            c.print_stats = c.stats_json || switch("TMK_STATS", &v)?;
         }
         if let Some(v) = env("TMK_CONNECT_TIMEOUT") {
             c.connect_timeout = Duration::from_secs(num("TMK_CONNECT_TIMEOUT", &v)?);
@@ -282,7 +310,7 @@ impl Config {
             match flag.as_str() {
                 "-n" | "--nprocs" => c.nprocs = num("--nprocs", &value)?,
                 "--rank" => c.role = Role::Member { rank: num("--rank", &value)? },
-                _ => c.root = Some(num("--root", &value)?),
+                _ => c.root = Some(address("--root", &value)?),
             }
         }
         c.validate()?;
@@ -379,5 +407,25 @@ mod tests {
         assert_eq!(rest, ["--size", "100", "x"]);
         let e = Config::from_env_and_args(vec!["-n".into(), "zero".into()]).unwrap_err();
         assert!(e.to_string().contains("zero"));
+    }
+
+    #[test]
+    fn switches_take_the_usual_words_and_refuse_the_rest() {
+        for (v, on) in
+            [("1", true), ("ON", true), ("true", true), ("0", false), ("off", false), ("No", false)]
+        {
+            assert_eq!(switch("TMK_PUSH", v).unwrap(), on, "{v}");
+        }
+        let e = switch("TMK_PUSH", "maybe").unwrap_err();
+        assert!(e.to_string().contains("\"maybe\" for TMK_PUSH"), "{e}");
+    }
+
+    #[test]
+    fn the_root_may_be_named_by_host() {
+        let (c, _) = Config::from_env_and_args(vec!["--root".into(), "localhost:9".into()]).unwrap();
+        let root = c.root.unwrap();
+        assert!(root.ip().is_loopback() && root.port() == 9, "{root}");
+        let e = Config::from_env_and_args(vec!["--root".into(), "localhost".into()]).unwrap_err();
+        assert!(e.to_string().contains("\"localhost\" for --root"), "{e}");
     }
 }

@@ -139,7 +139,7 @@ impl Tmk {
                 std::time::Duration::ZERO
             });
             let doorbell = Doorbell::new()?;
-            doorbell.set_spin(crate::runtime::spin_budget());
+            doorbell.set_spin(config.app_spin);
             let faults = FaultHandler::install(heap.clone(), doorbell.clone())?;
             let mesh_cfg = MeshConfig {
                 nprocs: n,

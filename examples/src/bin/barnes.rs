@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use std::sync::Barrier;
 use treadmarks::Shared;
 use treadmarks_examples::rng::Rng;
-use treadmarks_examples::{App, Mode, Outcome, SharedMut, Timer, block, run_app};
+use treadmarks_examples::{App, Flag, Mode, Outcome, SharedMut, Timer, block, run_app};
 
 const DT: f64 = 0.025;
 const EPS2: f64 = 0.05 * 0.05;
@@ -315,12 +315,19 @@ fn dsm(app: &mut App, p: &Params) -> treadmarks::Result<(f64, bool, usize)> {
     Ok((secs, ok, ncells))
 }
 
+/// The size flags and their defaults (`--help` lists them).
+const FLAGS: &[Flag] = &[
+    Flag { name: "bodies", default: "16384", help: "bodies (Plummer model, fixed seed)" },
+    Flag { name: "steps", default: "4", help: "time steps" },
+    Flag { name: "theta", default: "0.5", help: "opening criterion" },
+];
+
 fn main() -> ExitCode {
-    run_app("barnes", |app| {
+    run_app("barnes", FLAGS, |app| {
         let p = Params {
-            bodies: app.args.get("bodies", 16384),
-            steps: app.args.get("steps", 4),
-            theta: app.args.get("theta", 0.5),
+            bodies: app.args.get("bodies"),
+            steps: app.args.get("steps"),
+            theta: app.args.get("theta"),
         };
         let size = format!("{} bodies, {} steps, theta {}", p.bodies, p.steps, p.theta);
         let (secs, ok, note) = match app.mode {

@@ -17,7 +17,7 @@ use std::ops::Range;
 use std::process::ExitCode;
 use std::sync::Barrier;
 use treadmarks::Shared;
-use treadmarks_examples::{App, Mode, Outcome, SharedMut, Timer, block, run_app};
+use treadmarks_examples::{App, Flag, Mode, Outcome, SharedMut, Timer, block, run_app};
 
 /// Largest error accepted, relative to the largest value.
 const TOLERANCE: f64 = 1e-9;
@@ -324,9 +324,12 @@ fn dsm(app: &mut App, n1: usize) -> treadmarks::Result<(f64, bool, String)> {
     Ok((secs, ok, detail))
 }
 
+/// The size flags and their defaults (`--help` lists them).
+const FLAGS: &[Flag] = &[Flag { name: "log2n", default: "20", help: "log2 of the points (even)" }];
+
 fn main() -> ExitCode {
-    run_app("fft", |app| {
-        let m: u32 = app.args.get("log2n", 20);
+    run_app("fft", FLAGS, |app| {
+        let m: u32 = app.args.get("log2n");
         if !(2..=40).contains(&m) || !m.is_multiple_of(2) {
             return Err(treadmarks::Error::Failed(format!("--log2n {m} must be even, from 2 to 40")));
         }

@@ -19,7 +19,7 @@
 use std::process::ExitCode;
 use std::sync::Barrier;
 use treadmarks::Shared;
-use treadmarks_examples::{App, Mode, Outcome, SharedMut, Timer, block, keys};
+use treadmarks_examples::{App, Flag, Mode, Outcome, SharedMut, Timer, block, keys};
 
 /// Count rows are padded to whole 4 KiB pages (1024 `u32`s).
 const ROW_PAD: usize = 1024;
@@ -206,11 +206,19 @@ fn dsm(app: &mut App, s: &Size) -> treadmarks::Result<(f64, bool)> {
     Ok((secs, ok))
 }
 
+/// The size flags and their defaults (`--help` lists them).
+const FLAGS: &[Flag] = &[
+    Flag { name: "log2keys", default: "22", help: "log2 of the keys" },
+    Flag { name: "log2max", default: "19", help: "log2 of the key range" },
+    Flag { name: "iterations", default: "10", help: "rankings" },
+    Flag { name: "seed", default: "1", help: "key generator seed" },
+];
+
 fn main() -> ExitCode {
-    treadmarks_examples::run_app("is", |app| {
-        let log2keys: u32 = app.args.get("log2keys", 22);
-        let log2max: u32 = app.args.get("log2max", 19);
-        let iterations: usize = app.args.get("iterations", 10);
+    treadmarks_examples::run_app("is", FLAGS, |app| {
+        let log2keys: u32 = app.args.get("log2keys");
+        let log2max: u32 = app.args.get("log2max");
+        let iterations: usize = app.args.get("iterations");
         if log2keys > 30 || log2max > 31 || (1 << log2keys) <= 2 * iterations || (1 << log2max) <= iterations
         {
             treadmarks::report(
@@ -218,13 +226,8 @@ fn main() -> ExitCode {
             );
             std::process::exit(2);
         }
-        let s = Size {
-            keys: 1 << log2keys,
-            max: 1 << log2max,
-            log2max,
-            iterations,
-            seed: app.args.get("seed", 1),
-        };
+        let s =
+            Size { keys: 1 << log2keys, max: 1 << log2max, log2max, iterations, seed: app.args.get("seed") };
         let detail = format!("2^{log2keys} keys in 0..2^{log2max}, {iterations} iterations");
         let (secs, ok) = match app.mode {
             Mode::Seq => {

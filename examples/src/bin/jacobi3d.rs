@@ -11,7 +11,7 @@ use std::ops::Range;
 use std::process::ExitCode;
 use std::sync::Barrier;
 use treadmarks::Shared;
-use treadmarks_examples::{App, Mode, Outcome, SharedMut, Timer, block, run_app};
+use treadmarks_examples::{App, Flag, Mode, Outcome, SharedMut, Timer, block, run_app};
 
 #[derive(Clone, Copy)]
 struct Size {
@@ -148,13 +148,21 @@ fn dsm(app: &mut App, s: &Size) -> treadmarks::Result<(f64, bool)> {
     Ok((secs, ok))
 }
 
+/// The size flags and their defaults (`--help` lists them).
+const FLAGS: &[Flag] = &[
+    Flag { name: "nx", default: "128", help: "grid planes (the partitioned dimension)" },
+    Flag { name: "ny", default: "128", help: "grid rows" },
+    Flag { name: "nz", default: "64", help: "grid columns" },
+    Flag { name: "iterations", default: "1000", help: "sweeps" },
+];
+
 fn main() -> ExitCode {
-    run_app("jacobi3d", |app| {
+    run_app("jacobi3d", FLAGS, |app| {
         let s = Size {
-            nx: app.args.get("nx", 128),
-            ny: app.args.get("ny", 128),
-            nz: app.args.get("nz", 64),
-            iterations: app.args.get("iterations", 1000),
+            nx: app.args.get("nx"),
+            ny: app.args.get("ny"),
+            nz: app.args.get("nz"),
+            iterations: app.args.get("iterations"),
         };
         let detail = format!("{}x{}x{}, {} iterations", s.nx, s.ny, s.nz, s.iterations);
         let (secs, ok) = match app.mode {

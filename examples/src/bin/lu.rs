@@ -13,7 +13,7 @@
 use std::process::ExitCode;
 use std::sync::Barrier;
 use treadmarks::Shared;
-use treadmarks_examples::{App, Mode, Outcome, SharedMut, Timer, run_app};
+use treadmarks_examples::{App, Flag, Mode, Outcome, SharedMut, Timer, run_app};
 
 /// Largest error accepted, relative to the element (and the componentwise backward error).
 const TOLERANCE: f64 = 1e-9;
@@ -388,10 +388,16 @@ fn dsm(app: &mut App, s: &Size) -> treadmarks::Result<(f64, bool, f64)> {
     Ok((secs, ok, err))
 }
 
+/// The size flags and their defaults (`--help` lists them).
+const FLAGS: &[Flag] = &[
+    Flag { name: "size", default: "1024", help: "matrix order" },
+    Flag { name: "block", default: "32", help: "block order" },
+];
+
 fn main() -> ExitCode {
-    run_app("lu", |app| {
-        let n: usize = app.args.get("size", 1024);
-        let bs: usize = app.args.get("block", 32);
+    run_app("lu", FLAGS, |app| {
+        let n: usize = app.args.get("size");
+        let bs: usize = app.args.get("block");
         if bs == 0 || !n.is_multiple_of(bs) {
             return Err(treadmarks::Error::Failed(format!("--size {n} is not a multiple of --block {bs}")));
         }

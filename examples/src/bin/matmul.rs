@@ -9,7 +9,7 @@ use std::ops::Range;
 use std::process::ExitCode;
 use std::sync::Barrier;
 use treadmarks::Shared;
-use treadmarks_examples::{App, Mode, Outcome, SharedMut, Timer, block, run_app};
+use treadmarks_examples::{App, Flag, Mode, Outcome, SharedMut, Timer, block, run_app};
 
 /// Rows `rows` of C (into `c`, which holds just those rows) from the same rows of A (`a`) and
 /// all of B, every matrix `n` x `n`, row-major.
@@ -91,9 +91,12 @@ fn dsm(app: &mut App, n: usize) -> treadmarks::Result<(f64, bool)> {
     Ok((secs, ok))
 }
 
+/// The size flags and their defaults (`--help` lists them).
+const FLAGS: &[Flag] = &[Flag { name: "size", default: "1024", help: "matrix order" }];
+
 fn main() -> ExitCode {
-    run_app("matmul", |app| {
-        let n: usize = app.args.get("size", 1024);
+    run_app("matmul", FLAGS, |app| {
+        let n: usize = app.args.get("size");
         let detail = format!("{n}x{n}");
         let (secs, ok) = match app.mode {
             Mode::Seq => {

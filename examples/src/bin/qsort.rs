@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use std::sync::Mutex;
 use std::time::Duration;
 use treadmarks::{Shared, Tmk};
-use treadmarks_examples::{App, Mode, Outcome, SharedMut, Timer, block, keys, run_app};
+use treadmarks_examples::{App, Flag, Mode, Outcome, SharedMut, Timer, block, keys, run_app};
 
 /// Ranges the stack holds; a worker finding it full sorts the range itself instead.
 const CAPACITY: usize = 1024;
@@ -275,12 +275,19 @@ fn dsm(app: &mut App, s: &Size) -> treadmarks::Result<(f64, bool, usize)> {
     Ok((secs, ok, popped))
 }
 
+/// The size flags and their defaults (`--help` lists them).
+const FLAGS: &[Flag] = &[
+    Flag { name: "keys", default: "2097152", help: "keys to sort" },
+    Flag { name: "threshold", default: "65536", help: "ranges at most this long are sorted by one worker" },
+    Flag { name: "seed", default: "1", help: "key generator seed" },
+];
+
 fn main() -> ExitCode {
-    run_app("qsort", |app| {
+    run_app("qsort", FLAGS, |app| {
         let s = Size {
-            keys: app.args.get("keys", 2 << 20),
-            threshold: app.args.get("threshold", 64 << 10),
-            seed: app.args.get("seed", 1),
+            keys: app.args.get("keys"),
+            threshold: app.args.get("threshold"),
+            seed: app.args.get("seed"),
         };
         if s.keys > u32::MAX as usize {
             treadmarks::report("qsort: --keys must fit in a u32");

@@ -19,7 +19,9 @@ use std::process::ExitCode;
 use std::sync::Barrier;
 use treadmarks::Shared;
 use treadmarks_examples::mesh::Mesh;
-use treadmarks_examples::{App, Args, Mode, Outcome, SharedMut, Timer, block, keys, print_result, run_app};
+use treadmarks_examples::{
+    App, Args, Flag, Mode, Outcome, SharedMut, Timer, block, command_line, keys, print_result, run_parsed,
+};
 
 /// Histogram rows are padded to 4 KiB (1024 `u32`s), so no two nodes write the same page.
 const ROW_PAD: usize = 1024;
@@ -277,9 +279,8 @@ fn message_passing(s: &Size, mesh: &mut Mesh, n: usize) -> std::io::Result<(f64,
 }
 
 /// `--mode mp`: the mesh, the sort, the result line (rank 0) and the verdict.
-fn main_mp(s: &Size, raw: Vec<String>) -> ExitCode {
+fn main_mp(s: &Size, config: &treadmarks::Config) -> ExitCode {
     let run = || -> Result<bool, String> {
-        let (config, _) = treadmarks::Config::from_env_and_args(raw).map_err(|e| e.to_string())?;
         let n = config.nprocs as usize;
         let mut mesh = Mesh::start(n).map_err(|e| format!("cannot start the mesh: {e}"))?;
         if config.pin.unwrap_or(true) {
@@ -306,7 +307,7 @@ fn main_mp(s: &Size, raw: Vec<String>) -> ExitCode {
 }
 
 fn size(args: &Args) -> Size {
-    let s = Size { keys: args.get("keys", 4 << 20), bits: args.get("bits", 8), seed: args.get("seed", 1) };
+    let s = Size { keys: args.get("keys"), bits: args.get("bits"), seed: args.get("seed") };
     if !(1..=16).contains(&s.bits) {
         treadmarks::report("radix: --bits must be 1..=16");
         std::process::exit(2);
@@ -314,13 +315,19 @@ fn size(args: &Args) -> Size {
     s
 }
 
+/// The size flags and their defaults (`--help` lists them).
+const FLAGS: &[Flag] = &[
+    Flag { name: "keys", default: "4194304", help: "keys to sort" },
+    Flag { name: "bits", default: "8", help: "bits per digit, 1 to 16" },
+    Flag { name: "seed", default: "1", help: "key generator seed" },
+];
+
 fn main() -> ExitCode {
-    let raw: Vec<String> = std::env::args().skip(1).collect();
-    let args = Args::new(&raw);
-    if args.get::<String>("mode", "dsm".into()) == "mp" {
-        return main_mp(&size(&args), raw);
+    let (config, args) = command_line("radix", FLAGS, &["dsm", "seq", "threads", "mp"]);
+    if args.mode() == "mp" {
+        return main_mp(&size(&args), &config);
     }
-    run_app("radix", |app| {
+    run_parsed("radix", &config, args, |app| {
         let s = size(&app.args);
         let detail = format!("{} keys, radix 2^{}, {} passes", s.keys, s.bits, s.passes());
         let (secs, ok) = match app.mode {

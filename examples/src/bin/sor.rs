@@ -8,7 +8,7 @@
 use std::process::ExitCode;
 use std::sync::Barrier;
 use treadmarks::Shared;
-use treadmarks_examples::{App, Mode, Outcome, SharedMut, Timer, block, run_app};
+use treadmarks_examples::{App, Flag, Mode, Outcome, SharedMut, Timer, block, run_app};
 
 struct Size {
     rows: usize,
@@ -135,12 +135,19 @@ fn dsm(app: &mut App, s: &Size) -> treadmarks::Result<(f64, bool)> {
     Ok((secs, ok))
 }
 
+/// The size flags and their defaults (`--help` lists them).
+const FLAGS: &[Flag] = &[
+    Flag { name: "rows", default: "2000", help: "grid rows" },
+    Flag { name: "cols", default: "1000", help: "grid columns (red and black together)" },
+    Flag { name: "iterations", default: "1000", help: "iterations" },
+];
+
 fn main() -> ExitCode {
-    run_app("sor", |app| {
+    run_app("sor", FLAGS, |app| {
         let s = Size {
-            rows: app.args.get("rows", 2000),
-            half: app.args.get::<usize>("cols", 1000) / 2,
-            iterations: app.args.get("iterations", 1000),
+            rows: app.args.get("rows"),
+            half: app.args.get::<usize>("cols") / 2,
+            iterations: app.args.get("iterations"),
         };
         let detail = format!("{}x{}, {} iterations", s.rows, s.half * 2, s.iterations);
         let (secs, ok) = match app.mode {

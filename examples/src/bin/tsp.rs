@@ -23,7 +23,7 @@ use std::process::ExitCode;
 use std::sync::Mutex;
 use treadmarks::Shared;
 use treadmarks_examples::rng::Rng;
-use treadmarks_examples::{App, Mode, Outcome, Timer, run_app};
+use treadmarks_examples::{App, Flag, Mode, Outcome, Timer, run_app};
 
 const MAX_CITIES: usize = 32;
 /// Lock of the work queue, and of the best tour.
@@ -470,12 +470,23 @@ fn dsm(app: &mut App, p: &Problem, s: &Size) -> treadmarks::Result<(f64, bool, S
     Ok((secs, ok, detail))
 }
 
+/// The size flags and their defaults (`--help` lists them).
+const FLAGS: &[Flag] = &[
+    Flag { name: "cities", default: "18", help: "cities" },
+    Flag {
+        name: "solve-below",
+        default: "15",
+        help: "tours with this many cities left or fewer are solved by one worker",
+    },
+    Flag { name: "seed", default: "1", help: "city generator seed" },
+];
+
 fn main() -> ExitCode {
-    run_app("tsp", |app| {
+    run_app("tsp", FLAGS, |app| {
         let s = Size {
-            cities: app.args.get("cities", 18),
-            solve_below: app.args.get("solve-below", 15),
-            seed: app.args.get("seed", 1),
+            cities: app.args.get("cities"),
+            solve_below: app.args.get("solve-below"),
+            seed: app.args.get("seed"),
         };
         let p = Problem::new(s.cities, s.seed);
         let size = format!("{} cities, solve below {} left", s.cities, s.solve_below);

@@ -20,7 +20,7 @@ use std::process::ExitCode;
 use std::sync::{Barrier, Mutex};
 use treadmarks::Shared;
 use treadmarks_examples::rng::Rng;
-use treadmarks_examples::{App, Mode, Outcome, SharedMut, Timer, block, run_app};
+use treadmarks_examples::{App, Flag, Mode, Outcome, SharedMut, Timer, block, run_app};
 
 const DT: f64 = 0.002;
 /// Site masses (O, H, H) and charges.
@@ -391,9 +391,15 @@ fn errors(p: &Params, got: &Final, want: &Final) -> (f64, f64) {
     (pos, energy)
 }
 
+/// The size flags and their defaults (`--help` lists them).
+const FLAGS: &[Flag] = &[
+    Flag { name: "molecules", default: "512", help: "molecules" },
+    Flag { name: "steps", default: "20", help: "time steps" },
+];
+
 fn main() -> ExitCode {
-    run_app("water", |app| {
-        let p = Params::new(app.args.get("molecules", 512), app.args.get("steps", 20));
+    run_app("water", FLAGS, |app| {
+        let p = Params::new(app.args.get("molecules"), app.args.get("steps"));
         let size = format!("{} molecules, {} steps", p.molecules, p.steps);
         let (secs, got) = match app.mode {
             Mode::Seq => {

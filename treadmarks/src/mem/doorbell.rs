@@ -112,12 +112,17 @@ impl Doorbell {
         }))
     }
 
-    /// How long the application thread, blocked in a fault, polls for its resolution (yielding
-    /// the CPU between looks) before it sleeps on its eventfd: waking a sleeping thread costs
-    /// tens of microseconds on some machines, more than a miss of local data takes. Zero (the
-    /// default) sleeps at once.
+    /// How long the application thread, blocked in a fault or waiting for the service thread's
+    /// reply, polls for it (yielding the CPU between looks) before it sleeps on its eventfd:
+    /// waking a sleeping thread costs tens of microseconds on some machines, more than a miss
+    /// of local data takes. Zero (the default) sleeps at once.
     pub fn set_spin(&self, spin: std::time::Duration) {
         self.spin_ns.store(u64::try_from(spin.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// The polling budget [`Doorbell::set_spin`] set.
+    pub fn spin(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.spin_ns.load(Ordering::Relaxed))
     }
 
     /// The nonblocking eventfd the service thread waits on (e.g. in `tokio::io::unix::AsyncFd`).

@@ -134,15 +134,6 @@ pub(crate) struct Mailbox {
     pub commands: AtomicU64,
 }
 
-/// How long the application thread polls for a reply before it sleeps (`TMK_SPIN_US`).
-pub(crate) fn spin_budget() -> std::time::Duration {
-    static SPIN: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
-    *SPIN.get_or_init(|| {
-        let us = std::env::var("TMK_SPIN_US").ok().and_then(|v| v.parse().ok()).unwrap_or(100);
-        std::time::Duration::from_micros(us)
-    })
-}
-
 /// Where this node's protocol runs.
 #[derive(Debug)]
 pub(crate) enum Engine {
@@ -312,7 +303,7 @@ impl Engine {
         // Poll a little before sleeping: waking a sleeping thread costs tens of microseconds on
         // some machines, more than a short reply takes. Yielding lets anything else runnable on
         // this CPU (the service thread, a peer's) go first.
-        let spin = spin_budget();
+        let spin = mailbox.doorbell.spin();
         if !spin.is_zero() {
             let start = std::time::Instant::now();
             while start.elapsed() < spin {

@@ -1,0 +1,65 @@
+//! Every app's command line: `--help` lists its flags and exits 0 without running anything; an
+//! unknown flag, a stray argument, a flag without its value or a mode the app lacks exits 2
+//! with a message naming it, as does a bad runtime setting.
+
+use std::process::Command;
+use std::time::Duration;
+use treadmarks_tests::Job;
+
+const APPS: [(&str, &str, &[&str]); 11] = [
+    ("sor", env!("CARGO_BIN_EXE_sor"), &["--rows", "--cols", "--iterations"]),
+    ("jacobi3d", env!("CARGO_BIN_EXE_jacobi3d"), &["--nx", "--ny", "--nz", "--iterations"]),
+    ("water", env!("CARGO_BIN_EXE_water"), &["--molecules", "--steps"]),
+    ("barnes", env!("CARGO_BIN_EXE_barnes"), &["--bodies", "--steps", "--theta"]),
+    ("tsp", env!("CARGO_BIN_EXE_tsp"), &["--cities", "--solve-below", "--seed"]),
+    ("qsort", env!("CARGO_BIN_EXE_qsort"), &["--keys", "--threshold", "--seed"]),
+    ("is", env!("CARGO_BIN_EXE_is"), &["--log2keys", "--log2max", "--iterations", "--seed"]),
+    ("fft", env!("CARGO_BIN_EXE_fft"), &["--log2n"]),
+    ("lu", env!("CARGO_BIN_EXE_lu"), &["--size", "--block"]),
+    ("radix", env!("CARGO_BIN_EXE_radix"), &["--keys", "--bits", "--seed"]),
+    ("matmul", env!("CARGO_BIN_EXE_matmul"), &["--size"]),
+];
+
+fn run(exe: &str, args: &[&str]) -> treadmarks_tests::Outcome {
+    let mut cmd = Command::new(exe);
+    cmd.args(args);
+    Job::spawn(cmd).wait(Duration::from_secs(60))
+}
+
+#[test]
+fn help_lists_every_flag_and_runs_nothing() {
+    for (name, exe, flags) in APPS {
+        let out = run(exe, &["--help"]);
+        assert_eq!(out.code, Some(0), "{name} --help: {out:#?}");
+        assert!(out.stdout.starts_with(&format!("usage: {name} ")), "{name} --help: {out:#?}");
+        assert!(!out.stdout.contains("RESULT app="), "{name} --help ran the app: {out:#?}");
+        for flag in flags.iter().chain(&["-n N", "--mode"]) {
+            assert!(out.stdout.contains(flag), "{name} --help does not list {flag}: {out:#?}");
+        }
+        assert_eq!(out.stdout.contains("mp:"), name == "radix", "{name} --help: {out:#?}");
+    }
+}
+
+#[test]
+fn bad_command_lines_are_refused_by_name() {
+    let cases: [(&[&str], &str); 5] = [
+        (&["--no-such-flag", "1"], "unknown flag --no-such-flag"),
+        (&["--mode", "seq", "stray"], "unexpected argument \"stray\""),
+        (&["--mode", "seq", "--steps"], "--steps needs a value"),
+        (&["--mode", "mpi"], "--mode must be one of dsm, seq, threads, not \"mpi\""),
+        (&["--mode", "seq", "--steps", "many"], "bad value \"many\" for --steps"),
+    ];
+    for (args, message) in cases {
+        let out = run(env!("CARGO_BIN_EXE_water"), args);
+        assert_eq!(out.code, Some(2), "water {args:?}: {out:#?}");
+        assert!(out.stderr.contains(message), "water {args:?} should say {message:?}: {out:#?}");
+        assert!(!out.stdout.contains("RESULT app="), "water {args:?} ran: {out:#?}");
+    }
+    let out = run(env!("CARGO_BIN_EXE_sor"), &["--mode", "mp"]);
+    assert_eq!(out.code, Some(2), "sor has no mp mode: {out:#?}");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sor"));
+    cmd.args(["--mode", "seq"]).env("TMK_SPIN_US", "soon");
+    let out = Job::spawn(cmd).wait(Duration::from_secs(60));
+    assert_eq!(out.code, Some(2), "sor with TMK_SPIN_US=soon: {out:#?}");
+    assert!(out.stderr.contains("bad value \"soon\" for TMK_SPIN_US"), "{out:#?}");
+}
