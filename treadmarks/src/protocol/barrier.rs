@@ -132,6 +132,12 @@ impl<M: PageMemory> Node<M> {
         gc: bool,
         pushes: Vec<NodeId>,
     ) -> Result<(), ProtocolError> {
+        if barrier.0 >= self.cfg.nbarriers {
+            return Err(ProtocolError::Unexpected {
+                from,
+                what: format!("arrival at {barrier} (this job has {} barriers)", self.cfg.nbarriers),
+            });
+        }
         if self.me != NodeId(0) || vt.len() != self.nprocs() || self.barrier.arrived[from.idx()].is_some() {
             return Err(ProtocolError::Unexpected { from, what: format!("arrival at {barrier}") });
         }

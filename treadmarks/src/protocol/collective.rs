@@ -147,8 +147,15 @@ impl<M: PageMemory> Node<M> {
                     .ok_or_else(|| unexpected("free reply"))?;
             }
             Message::Distribute { seq, bytes, heap_end } => {
-                if from != ROOT {
-                    return Err(unexpected("distribute"));
+                // Node 0 sends the values in order, one per call: the next one due is the one
+                // our application waits for, or follows those queued.
+                let waiting = u64::from(matches!(self.pending, Pending::Distribute(_)));
+                let due = self.distribute_seq - waiting + self.distributed.len() as u64;
+                if from != ROOT || seq != due {
+                    return Err(ProtocolError::Unexpected {
+                        from,
+                        what: format!("distribute of value {seq} (value {due} is due)"),
+                    });
                 }
                 self.hear_heap_end(heap_end);
                 let bytes = bytes.into_vec();

@@ -165,7 +165,8 @@ impl<M: PageMemory> Node<M> {
     }
 
     pub(crate) fn handle_gc_done(&mut self, from: NodeId) -> Result<(), ProtocolError> {
-        if self.me != NodeId(0) || std::mem::replace(&mut self.gc_done[from.idx()], true) {
+        if self.me != NodeId(0) || self.gc.is_none() || std::mem::replace(&mut self.gc_done[from.idx()], true)
+        {
             return Err(ProtocolError::Unexpected { from, what: "gc done".into() });
         }
         if self.gc_done.iter().all(|&d| d) {

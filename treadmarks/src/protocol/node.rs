@@ -18,7 +18,7 @@ use super::interval::{IntervalLog, IntervalRecord};
 use super::lock::{LockAsk, LockState};
 use super::lock_history::LockHistory;
 use super::memory::{Access, PageMemory};
-use super::msg::{AllocFailure, Message, PageCopy, PageDiffs};
+use super::msg::{AllocFailure, DiffWire, Message, PageCopy, PageDiffs};
 use super::page::{Miss, PageMeta};
 use super::push::PushState;
 use super::stats::ProtocolStats;
@@ -315,6 +315,19 @@ impl<M: PageMemory> Node<M> {
     }
 
     pub(crate) fn dispatch(&mut self, from: NodeId, msg: Message) -> Result<(), ProtocolError> {
+        match &msg {
+            Message::DiffReply { pages } => {
+                for pd in pages {
+                    self.check_diffs(from, pd.page, &pd.diffs)?;
+                }
+            }
+            Message::DiffPush { pages, .. } | Message::LockGrant { diffs: pages, .. } => {
+                for pd in pages {
+                    self.check_diffs(from, pd.page, &pd.diffs)?;
+                }
+            }
+            _ => {}
+        }
         match msg {
             Message::LockRequest { lock, seq, vt, wish } => {
                 self.handle_lock_request(from, lock, seq, LockAsk { requester: from, vt, wish })
@@ -393,6 +406,21 @@ impl<M: PageMemory> Node<M> {
     /// code until the completion is handed to it, so nothing writes a page meanwhile.
     pub(crate) fn app_blocked(&self) -> bool {
         !matches!(self.pending, Pending::None)
+    }
+
+    /// Checks the timestamps of `diffs` of `page` from `from`: one entry per node.
+    fn check_diffs(&self, from: NodeId, page: PageIdx, diffs: &[DiffWire]) -> Result<(), ProtocolError> {
+        let n = self.nprocs();
+        match diffs.iter().find(|d| d.first_vt.len() != n) {
+            Some(d) => Err(ProtocolError::Unexpected {
+                from,
+                what: format!(
+                    "diff of {page} with a timestamp of {} entries (the job has {n} nodes)",
+                    d.first_vt.len()
+                ),
+            }),
+            None => Ok(()),
+        }
     }
 
     pub(crate) fn check_page(&self, from: NodeId, page: PageIdx) -> Result<(), ProtocolError> {

@@ -467,8 +467,17 @@ impl<M: PageMemory> Node<M> {
         for &p in pages.iter().chain(whole) {
             self.check_page(self.me, p)?;
         }
+        // Each page once (a page asked for twice would be answered twice): the runtime passes
+        // them sorted and distinct, which costs one look here.
+        let distinct;
+        let pages = if pages.windows(2).all(|w| w[0] < w[1]) {
+            pages
+        } else {
+            distinct = sorted(pages);
+            &distinct[..]
+        };
         if write {
-            self.writing = sorted(pages);
+            self.writing = pages.to_vec();
         }
         // Only the declared pages that are also validated (against the write view's pages,
         // sorted once above; and only if there are any: this runs for every view).

@@ -575,6 +575,98 @@ fn bad_input_from_a_peer_is_an_error_not_a_panic() {
     assert!(n.handle_message(NodeId(1), gap).is_err());
 }
 
+/// A diff whose timestamp is not one entry per node: an error naming the page, wherever the
+/// diff comes (a reply, a grant, a push), before anything uses it.
+#[test]
+fn a_diff_with_a_short_timestamp_is_an_error_on_every_path() {
+    let short = || {
+        let mut diffs = msg::DiffList::new();
+        diffs.push(msg::DiffWire { seq: 1, first_vt: VectorTime::zero(1), diff: Diff::default() });
+        diffs
+    };
+    let named = |e: ProtocolError| {
+        let e = e.to_string();
+        assert!(e.contains("diff of page 1 with a timestamp of 1 entries (the job has 2 nodes)"), "{e}");
+    };
+    // A reply to node 1's miss on page 1.
+    let mut net = Net::new(2);
+    net.write(0, 1, 0, 7);
+    net.barrier();
+    net.nodes[1].handle_fault(PageIdx(1), false).unwrap();
+    assert!(matches!(net.nodes[1].poll_transmit(), Some((NodeId(0), Message::DiffRequest { .. }))));
+    let reply = Message::DiffReply { pages: vec![PageDiffs { page: PageIdx(1), diffs: short() }] };
+    named(net.nodes[1].handle_message(NodeId(0), reply).unwrap_err());
+    // A grant node 1 waits for.
+    let mut net = Net::new(2);
+    net.nodes[1].request_acquire(LockId(0)).unwrap();
+    assert!(matches!(net.nodes[1].poll_transmit(), Some((_, Message::LockRequest { .. }))));
+    let diffs = vec![UnaskedDiffs { page: PageIdx(1), after_seq: 0, diffs: short() }];
+    let grant = Message::LockGrant { lock: LockId(0), intervals: vec![], diffs, bundled: vec![] };
+    named(net.nodes[1].handle_message(NodeId(0), grant).unwrap_err());
+    // A push, refused on arrival rather than kept to be applied later.
+    let mut net = Net::new(2);
+    let diffs = vec![UnaskedDiffs { page: PageIdx(1), after_seq: 0, diffs: short() }];
+    let push = Message::DiffPush { episode: 1, upto: 1, pages: diffs };
+    named(net.nodes[1].handle_message(NodeId(0), push).unwrap_err());
+}
+
+/// Node 0 sends the distributed values in order, one per call: a repeated or skipped one is an
+/// error naming it, and never stands in front of the value due.
+#[test]
+fn a_distributed_value_out_of_turn_is_an_error() {
+    let mut net = Net::new(2);
+    let value = |seq: u64, b: u8| Message::Distribute {
+        seq,
+        bytes: serde_bytes::ByteBuf::from(vec![b]),
+        heap_end: 0,
+    };
+    net.nodes[1].handle_message(NodeId(0), value(0, 10)).unwrap();
+    net.nodes[1].request_distribute(None).unwrap();
+    assert_eq!(net.done(1), Some(AppDone::Distributed(vec![10])));
+    let e = net.nodes[1].handle_message(NodeId(0), value(0, 10)).unwrap_err().to_string();
+    assert!(e.contains("distribute of value 0 (value 1 is due)"), "{e}");
+    let e = net.nodes[1].handle_message(NodeId(0), value(2, 12)).unwrap_err().to_string();
+    assert!(e.contains("distribute of value 2 (value 1 is due)"), "{e}");
+    net.nodes[1].request_distribute(None).unwrap();
+    assert_eq!(net.done(1), None, "waits for value 1");
+    net.nodes[1].handle_message(NodeId(0), value(1, 11)).unwrap();
+    assert_eq!(net.done(1), Some(AppDone::Distributed(vec![11])));
+}
+
+/// An arrival at a barrier the job does not have is the arriving node's error, not a mismatch
+/// blamed on the manager at its own arrival; a collection's "done" with no collection running
+/// is an error too.
+#[test]
+fn an_arrival_at_an_unknown_barrier_or_a_stray_gc_done_is_an_error() {
+    let mut net = Net::new(2);
+    let arrive = Message::BarrierArrive {
+        barrier: BarrierId(99),
+        vt: VectorTime::zero(2),
+        intervals: vec![],
+        gc: false,
+        pushes: vec![],
+    };
+    let e = net.nodes[0].handle_message(NodeId(1), arrive).unwrap_err().to_string();
+    assert!(e.contains("unexpected arrival at barrier 99 (this job has 2 barriers) from node 1"), "{e}");
+    net.barrier();
+    let e = net.nodes[0].handle_message(NodeId(1), Message::GcDone).unwrap_err().to_string();
+    assert!(e.contains("unexpected gc done from node 1"), "{e}");
+}
+
+/// A view naming a page twice asks for it once and completes.
+#[test]
+fn a_view_naming_a_page_twice_fetches_it_once() {
+    let mut net = Net::new(2);
+    net.write(0, 1, 0, 7);
+    net.barrier();
+    let t = net.log.len();
+    net.nodes[1].request_validate(&[PageIdx(1), PageIdx(1)], false).unwrap();
+    net.settle();
+    assert_eq!(net.count(t, 1, 0, MsgKind::DiffRequest), 1);
+    assert_eq!(net.done(1), Some(AppDone::Validated));
+    assert_eq!(net.nodes[1].mem().app_read(PageIdx(1))[0], 7);
+}
+
 #[test]
 fn a_page_read_last_epoch_has_its_next_diffs_pushed_until_it_goes_unread() {
     use super::push::IN_PLACE_CREDITS;
