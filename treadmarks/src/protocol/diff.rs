@@ -650,6 +650,29 @@ mod tests {
     }
 
     #[test]
+    fn random_bytes_as_a_diff_are_an_error_or_a_change_never_a_panic() {
+        let mut state = 0x1234_5678_u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for i in 0..200_000u64 {
+            let len = (next() % 24) as usize;
+            // Small run headers half the time, so that many runs fit the page and are applied.
+            let bytes: Vec<u8> = (0..len)
+                .map(|k| if k < 2 && next() % 2 == 0 { next() as u8 & 0x3f } else { next() as u8 })
+                .collect();
+            let page_size = 8 << (i % 6);
+            let diff = Diff(SharedBytes::copy_of(&bytes));
+            let mut page = vec![0u8; page_size];
+            let _ = diff.apply(&mut page);
+            let _ = diff.runs(page_size);
+        }
+    }
+
+    #[test]
     fn malformed_diffs_are_errors_and_change_nothing() {
         let mut rng = Rng(42);
         let twin = vec![0u8; 256];
