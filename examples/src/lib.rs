@@ -180,12 +180,11 @@ pub struct Outcome {
     pub detail: String,
 }
 
-/// One run of an app: its mode, node or thread count, arguments and, in DSM mode, the node.
+/// One run of an app: its mode, node or thread count and, in DSM mode, the node.
 #[derive(Debug)]
 pub struct App {
     pub mode: Mode,
     pub nprocs: usize,
-    pub args: Args,
     tmk: Option<Tmk>,
 }
 
@@ -209,26 +208,36 @@ pub fn command_line(name: &str, flags: &'static [Flag], modes: &[&str]) -> (trea
     (config, Args::new(name, &rest, flags, modes))
 }
 
-/// Runs an app: reads its command line ([`command_line`]), sets up the mode, runs `body`,
-/// prints the result line and the verdict, and returns the exit status (non-zero on FAIL or
-/// error).
-pub fn run_app(
+/// Runs an app: reads its command line ([`command_line`]) and its size (`size`, which says
+/// what is wrong with the flags, if anything: the app then exits 2 before any node starts),
+/// sets up the mode, runs `body`, prints the result line and the verdict, and returns the exit
+/// status (non-zero on FAIL or error).
+pub fn run_app<S>(
     name: &str,
     flags: &'static [Flag],
-    body: impl FnOnce(&mut App) -> treadmarks::Result<Outcome>,
+    size: impl FnOnce(&Args) -> Result<S, String>,
+    body: impl FnOnce(&mut App, S) -> treadmarks::Result<Outcome>,
 ) -> ExitCode {
     let (config, args) = command_line(name, flags, MODES);
-    run_parsed(name, &config, args, body)
+    let s = sized(name, &args, size);
+    run_parsed(name, &config, &args, s, body)
 }
 
-/// [`run_app`] on a command line already read (radix reads its own, for its fourth mode).
-pub fn run_parsed(
+/// The size `size` reads from `args`; exits 2 with its message if it refuses them.
+pub fn sized<S>(name: &str, args: &Args, size: impl FnOnce(&Args) -> Result<S, String>) -> S {
+    size(args).unwrap_or_else(|why| fail_usage(&format!("{name}: {why}")))
+}
+
+/// [`run_app`] on a command line and a size already read (radix reads its own, for its fourth
+/// mode).
+pub fn run_parsed<S>(
     name: &str,
     config: &treadmarks::Config,
-    args: Args,
-    body: impl FnOnce(&mut App) -> treadmarks::Result<Outcome>,
+    args: &Args,
+    s: S,
+    body: impl FnOnce(&mut App, S) -> treadmarks::Result<Outcome>,
 ) -> ExitCode {
-    match run_inner(config, args, name, body) {
+    match run_inner(config, args, s, name, body) {
         Ok(code) => code,
         Err(e) => {
             treadmarks::report(&format!("{name}: {e}"));
@@ -237,11 +246,12 @@ pub fn run_parsed(
     }
 }
 
-fn run_inner(
+fn run_inner<S>(
     config: &treadmarks::Config,
-    args: Args,
+    args: &Args,
+    s: S,
     name: &str,
-    body: impl FnOnce(&mut App) -> treadmarks::Result<Outcome>,
+    body: impl FnOnce(&mut App, S) -> treadmarks::Result<Outcome>,
 ) -> treadmarks::Result<ExitCode> {
     let mode = match args.mode().as_str() {
         "dsm" => Mode::Dsm,
@@ -251,12 +261,12 @@ fn run_inner(
     };
     let mut app = if mode == Mode::Dsm {
         let tmk = Tmk::startup()?;
-        App { mode, nprocs: tmk.nprocs(), args, tmk: Some(tmk) }
+        App { mode, nprocs: tmk.nprocs(), tmk: Some(tmk) }
     } else {
         let nprocs = if mode == Mode::Seq { 1 } else { config.nprocs as usize };
-        App { mode, nprocs, args, tmk: None }
+        App { mode, nprocs, tmk: None }
     };
-    let outcome = body(&mut app)?;
+    let outcome = body(&mut app, s)?;
     let me = app.tmk.as_ref().map_or(0, Tmk::proc_id);
     if let Some(tmk) = app.tmk.take() {
         tmk.exit()?;

@@ -1,6 +1,7 @@
 //! Every app's command line: `--help` lists its flags and exits 0 without running anything; an
 //! unknown flag, a stray argument, a flag without its value or a mode the app lacks exits 2
-//! with a message naming it, as does a bad runtime setting.
+//! with a message naming it, as do a bad runtime setting and a size the app refuses, before any
+//! node starts.
 
 use std::process::Command;
 use std::time::Duration;
@@ -54,6 +55,25 @@ fn bad_command_lines_are_refused_by_name() {
         assert_eq!(out.code, Some(2), "water {args:?}: {out:#?}");
         assert!(out.stderr.contains(message), "water {args:?} should say {message:?}: {out:#?}");
         assert!(!out.stdout.contains("RESULT app="), "water {args:?} ran: {out:#?}");
+    }
+    // Values are read and checked before any node starts: no node is left to report a peer gone.
+    for (exe, args, message) in [
+        (env!("CARGO_BIN_EXE_water"), &["-n", "2", "--steps", "many"][..], "bad value \"many\" for --steps"),
+        (
+            env!("CARGO_BIN_EXE_lu"),
+            &["-n", "2", "--size", "100"][..],
+            "lu: --size 100 is not a multiple of --block 32",
+        ),
+        (
+            env!("CARGO_BIN_EXE_radix"),
+            &["-n", "2", "--mode", "mp", "--bits", "17"][..],
+            "radix: --bits 17 is not from 1 to 16",
+        ),
+    ] {
+        let out = run(exe, args);
+        assert_eq!(out.code, Some(2), "{args:?}: {out:#?}");
+        assert!(out.stderr.contains(message), "{args:?} should say {message:?}: {out:#?}");
+        assert_eq!(out.stderr.lines().count(), 1, "{args:?}: one message, from one process: {out:#?}");
     }
     let out = run(env!("CARGO_BIN_EXE_sor"), &["--mode", "mp"]);
     assert_eq!(out.code, Some(2), "sor has no mp mode: {out:#?}");

@@ -86,6 +86,37 @@ fn a_dead_node_makes_the_others_fail_fast_naming_it() {
 }
 
 #[test]
+fn a_node_whose_application_returns_an_error_tells_the_others_why() {
+    for (backend, out) in run("give-up", 3, 20).iter() {
+        assert_ne!(out.code, Some(0), "{backend}: {out:#?}");
+        assert!(out.stderr.contains("node 2 gives up"), "{backend}: {out:#?}");
+        for survivor in [0, 1] {
+            let prefix = format!("treadmarks: node {survivor}: job failed: ");
+            let told = out.stderr.lines().any(|l| {
+                l.starts_with(&prefix)
+                    && l.contains("node 2 aborted the job: its application left without calling exit (it returned an error)")
+            });
+            assert!(told, "{backend}: node {survivor} must say why node 2 left: {out:#?}");
+        }
+        assert!(out.elapsed < Duration::from_secs(20), "{backend}: took {:?}", out.elapsed);
+    }
+}
+
+#[test]
+fn a_node_blocked_in_a_fault_inside_eprintln_still_reports_and_exits() {
+    for (backend, out) in run("fault-in-eprintln", 2, 19).iter() {
+        assert_eq!(out.code, Some(1), "{backend}: {out:#?}");
+        // (The line may follow the "sum " the print wrote before it faulted.)
+        let reported = out.stderr.lines().any(|l| {
+            l.contains("treadmarks: node 0: the application is blocked in a page fault and the job failed")
+                && l.contains("node 1")
+        });
+        assert!(reported, "{backend}: node 0 must say why it exits: {out:#?}");
+        assert!(out.elapsed < Duration::from_secs(20), "{backend}: took {:?}", out.elapsed);
+    }
+}
+
+#[test]
 fn nodes_with_different_configurations_refuse_to_meet() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let root = format!("127.0.0.1:{port}");

@@ -134,6 +134,21 @@ pub const DEFAULT_TWIN_RESERVE: usize = 32 << 20;
 /// Pages a view must fetch to stream (`protocol/stream.rs`), by default.
 pub const DEFAULT_STREAM_MIN_PAGES: usize = 64;
 
+/// Largest heap a job may have (`TMK_HEAP_SIZE`).
+pub const MAX_HEAP_SIZE: usize = 64 << 30;
+
+/// Most locks a job may have (`TMK_LOCKS`).
+pub const MAX_LOCKS: u32 = 1 << 20;
+
+/// Most barriers a job may have (`TMK_BARRIERS`).
+pub const MAX_BARRIERS: u32 = 1 << 16;
+
+/// Largest allocator heap backed at startup (`TMK_MALLOC_RESERVE`).
+pub const MAX_MALLOC_RESERVE: usize = 1 << 30;
+
+/// Longest bound on meeting the other nodes, in seconds (`TMK_CONNECT_TIMEOUT`).
+pub const MAX_CONNECT_TIMEOUT_S: u64 = 86_400;
+
 /// The application thread's polling budget, by default.
 pub const DEFAULT_APP_SPIN: Duration = Duration::from_micros(100);
 
@@ -344,6 +359,49 @@ impl Config {
         if self.nlocks == 0 || self.nbarriers == 0 {
             return Err(invalid("TMK_LOCKS/TMK_BARRIERS", "0", "need at least one"));
         }
+        // Bounds on what every node allocates up front, so that an excessive value is an error
+        // naming it rather than an allocation failure that aborts the process.
+        let at_most = |name: &'static str, value: u64, max: u64, unit: &str, why: &str| {
+            if value > max {
+                return Err(invalid(name, &value.to_string(), format!("at most {max}{unit}: {why}")));
+            }
+            Ok(())
+        };
+        at_most(
+            "TMK_HEAP_SIZE",
+            self.heap_size as u64,
+            MAX_HEAP_SIZE as u64,
+            " bytes (64 GiB)",
+            "every node keeps ~80 bytes of state a 4 KiB page",
+        )?;
+        at_most(
+            "TMK_LOCKS",
+            u64::from(self.nlocks),
+            u64::from(MAX_LOCKS),
+            "",
+            "every node keeps the state of every lock",
+        )?;
+        at_most(
+            "TMK_BARRIERS",
+            u64::from(self.nbarriers),
+            u64::from(MAX_BARRIERS),
+            "",
+            "ids are checked against it",
+        )?;
+        at_most(
+            "TMK_MALLOC_RESERVE",
+            self.malloc_reserve as u64,
+            MAX_MALLOC_RESERVE as u64,
+            " bytes (1 GiB)",
+            "backed at startup",
+        )?;
+        at_most(
+            "TMK_CONNECT_TIMEOUT",
+            self.connect_timeout.as_secs(),
+            MAX_CONNECT_TIMEOUT_S,
+            " s (a day)",
+            "a bound on meeting the other nodes",
+        )?;
         Ok(())
     }
 
@@ -407,6 +465,27 @@ mod tests {
         assert_eq!(rest, ["--size", "100", "x"]);
         let e = Config::from_env_and_args(vec!["-n".into(), "zero".into()]).unwrap_err();
         assert!(e.to_string().contains("zero"));
+    }
+
+    #[test]
+    fn sizes_that_would_not_fit_in_memory_are_refused_by_name() {
+        for (field, name) in [
+            ("heap", "TMK_HEAP_SIZE"),
+            ("locks", "TMK_LOCKS"),
+            ("malloc", "TMK_MALLOC_RESERVE"),
+            ("timeout", "TMK_CONNECT_TIMEOUT"),
+        ] {
+            let mut c = Config::default();
+            match field {
+                "heap" => c.heap_size = 4096 << 30,
+                "locks" => c.nlocks = 4_000_000_000,
+                "malloc" => c.malloc_reserve = 100 << 30,
+                _ => c.connect_timeout = Duration::from_secs(u64::MAX),
+            }
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains(name) && e.contains("at most"), "{e}");
+        }
+        assert!(Config::default().validate().is_ok());
     }
 
     #[test]

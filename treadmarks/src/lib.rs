@@ -54,13 +54,15 @@ pub use tmk::{LockGuard, Tmk};
 
 /// Writes `text` to standard error with one `write(2)`, so that lines from the several node
 /// processes of a job that share one terminal or pipe never interleave mid-line (a pipe keeps
-/// writes of up to 4 KiB whole).
+/// writes of up to 4 KiB whole). It never takes the standard library's lock on standard error:
+/// the service thread reports a failure while the application thread may hold that lock,
+/// blocked in a page fault inside an `eprintln!` whose arguments read shared memory; waiting for
+/// it, the node would hang instead of exiting.
 pub fn report(text: &str) {
-    use std::io::Write;
     let mut buf = String::with_capacity(text.len() + 1);
     buf.push_str(text);
     if !buf.ends_with('\n') {
         buf.push('\n');
     }
-    let _ = std::io::stderr().lock().write_all(buf.as_bytes());
+    mem::write_stderr(buf.as_bytes());
 }

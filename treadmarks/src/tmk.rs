@@ -552,7 +552,7 @@ impl Drop for Tmk {
     /// nodes to exit, killing those that do not, and reap them.
     fn drop(&mut self) {
         if !self.exited && matches!(self.engine, Engine::Remote { .. }) {
-            let _ = self.engine.call(Command::Shutdown);
+            let _ = self.engine.call(Command::Shutdown { panicking: std::thread::panicking() });
             let _ = self.engine.join();
         }
         // The other nodes notice a failed job within seconds and exit by themselves, saying why;

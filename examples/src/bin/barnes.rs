@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use std::sync::Barrier;
 use treadmarks::Shared;
 use treadmarks_examples::rng::Rng;
-use treadmarks_examples::{App, Flag, Mode, Outcome, SharedMut, Timer, block, run_app};
+use treadmarks_examples::{App, Args, Flag, Mode, Outcome, SharedMut, Timer, block, run_app};
 
 const DT: f64 = 0.025;
 const EPS2: f64 = 0.05 * 0.05;
@@ -322,13 +322,12 @@ const FLAGS: &[Flag] = &[
     Flag { name: "theta", default: "0.5", help: "opening criterion" },
 ];
 
+fn size(args: &Args) -> Result<Params, String> {
+    Ok(Params { bodies: args.get("bodies"), steps: args.get("steps"), theta: args.get("theta") })
+}
+
 fn main() -> ExitCode {
-    run_app("barnes", FLAGS, |app| {
-        let p = Params {
-            bodies: app.args.get("bodies"),
-            steps: app.args.get("steps"),
-            theta: app.args.get("theta"),
-        };
+    run_app("barnes", FLAGS, size, |app, p| {
         let size = format!("{} bodies, {} steps, theta {}", p.bodies, p.steps, p.theta);
         let (secs, ok, note) = match app.mode {
             Mode::Seq => {

@@ -17,7 +17,7 @@ use std::ops::Range;
 use std::process::ExitCode;
 use std::sync::Barrier;
 use treadmarks::Shared;
-use treadmarks_examples::{App, Flag, Mode, Outcome, SharedMut, Timer, block, run_app};
+use treadmarks_examples::{App, Args, Flag, Mode, Outcome, SharedMut, Timer, block, run_app};
 
 /// Largest error accepted, relative to the largest value.
 const TOLERANCE: f64 = 1e-9;
@@ -327,13 +327,17 @@ fn dsm(app: &mut App, n1: usize) -> treadmarks::Result<(f64, bool, String)> {
 /// The size flags and their defaults (`--help` lists them).
 const FLAGS: &[Flag] = &[Flag { name: "log2n", default: "20", help: "log2 of the points (even)" }];
 
+/// The side `n1` of the `n1 x n1` view of the points.
+fn size(args: &Args) -> Result<usize, String> {
+    let m: u32 = args.get("log2n");
+    if !(2..=40).contains(&m) || !m.is_multiple_of(2) {
+        return Err(format!("--log2n {m} must be even, from 2 to 40"));
+    }
+    Ok(1 << (m / 2))
+}
+
 fn main() -> ExitCode {
-    run_app("fft", FLAGS, |app| {
-        let m: u32 = app.args.get("log2n");
-        if !(2..=40).contains(&m) || !m.is_multiple_of(2) {
-            return Err(treadmarks::Error::Failed(format!("--log2n {m} must be even, from 2 to 40")));
-        }
-        let n1 = 1usize << (m / 2);
+    run_app("fft", FLAGS, size, |app, n1| {
         let (secs, ok, detail) = match app.mode {
             Mode::Seq => {
                 let n = n1 * n1;

@@ -19,7 +19,7 @@
 use std::process::ExitCode;
 use std::sync::Barrier;
 use treadmarks::Shared;
-use treadmarks_examples::{App, Flag, Mode, Outcome, SharedMut, Timer, block, keys};
+use treadmarks_examples::{App, Args, Flag, Mode, Outcome, SharedMut, Timer, block, keys};
 
 /// Count rows are padded to whole 4 KiB pages (1024 `u32`s).
 const ROW_PAD: usize = 1024;
@@ -214,21 +214,22 @@ const FLAGS: &[Flag] = &[
     Flag { name: "seed", default: "1", help: "key generator seed" },
 ];
 
+fn size(args: &Args) -> Result<Size, String> {
+    let log2keys: u32 = args.get("log2keys");
+    let log2max: u32 = args.get("log2max");
+    let iterations: usize = args.get("iterations");
+    if log2keys > 30 || log2max > 31 || (1 << log2keys) <= 2 * iterations || (1 << log2max) <= iterations {
+        return Err(
+            "need log2keys <= 30, log2max <= 31, 2^log2keys > 2 iterations, 2^log2max > iterations".into()
+        );
+    }
+    Ok(Size { keys: 1 << log2keys, max: 1 << log2max, log2max, iterations, seed: args.get("seed") })
+}
+
 fn main() -> ExitCode {
-    treadmarks_examples::run_app("is", FLAGS, |app| {
-        let log2keys: u32 = app.args.get("log2keys");
-        let log2max: u32 = app.args.get("log2max");
-        let iterations: usize = app.args.get("iterations");
-        if log2keys > 30 || log2max > 31 || (1 << log2keys) <= 2 * iterations || (1 << log2max) <= iterations
-        {
-            treadmarks::report(
-                "is: need log2keys <= 30, log2max <= 31, 2^log2keys > 2 iterations, 2^log2max > iterations",
-            );
-            std::process::exit(2);
-        }
-        let s =
-            Size { keys: 1 << log2keys, max: 1 << log2max, log2max, iterations, seed: app.args.get("seed") };
-        let detail = format!("2^{log2keys} keys in 0..2^{log2max}, {iterations} iterations");
+    treadmarks_examples::run_app("is", FLAGS, size, |app, s| {
+        let detail =
+            format!("2^{} keys in 0..2^{}, {} iterations", s.keys.trailing_zeros(), s.log2max, s.iterations);
         let (secs, ok) = match app.mode {
             Mode::Seq => {
                 let mut keys = input(&s);

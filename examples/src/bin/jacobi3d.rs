@@ -11,7 +11,7 @@ use std::ops::Range;
 use std::process::ExitCode;
 use std::sync::Barrier;
 use treadmarks::Shared;
-use treadmarks_examples::{App, Flag, Mode, Outcome, SharedMut, Timer, block, run_app};
+use treadmarks_examples::{App, Args, Flag, Mode, Outcome, SharedMut, Timer, block, run_app};
 
 #[derive(Clone, Copy)]
 struct Size {
@@ -156,14 +156,17 @@ const FLAGS: &[Flag] = &[
     Flag { name: "iterations", default: "1000", help: "sweeps" },
 ];
 
+fn size(args: &Args) -> Result<Size, String> {
+    Ok(Size {
+        nx: args.get("nx"),
+        ny: args.get("ny"),
+        nz: args.get("nz"),
+        iterations: args.get("iterations"),
+    })
+}
+
 fn main() -> ExitCode {
-    run_app("jacobi3d", FLAGS, |app| {
-        let s = Size {
-            nx: app.args.get("nx"),
-            ny: app.args.get("ny"),
-            nz: app.args.get("nz"),
-            iterations: app.args.get("iterations"),
-        };
+    run_app("jacobi3d", FLAGS, size, |app, s| {
         let detail = format!("{}x{}x{}, {} iterations", s.nx, s.ny, s.nz, s.iterations);
         let (secs, ok) = match app.mode {
             Mode::Seq => {

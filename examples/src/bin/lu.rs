@@ -13,7 +13,7 @@
 use std::process::ExitCode;
 use std::sync::Barrier;
 use treadmarks::Shared;
-use treadmarks_examples::{App, Flag, Mode, Outcome, SharedMut, Timer, run_app};
+use treadmarks_examples::{App, Args, Flag, Mode, Outcome, SharedMut, Timer, run_app};
 
 /// Largest error accepted, relative to the element (and the componentwise backward error).
 const TOLERANCE: f64 = 1e-9;
@@ -394,14 +394,18 @@ const FLAGS: &[Flag] = &[
     Flag { name: "block", default: "32", help: "block order" },
 ];
 
+fn size(args: &Args) -> Result<Size, String> {
+    let n: usize = args.get("size");
+    let bs: usize = args.get("block");
+    if bs == 0 || !n.is_multiple_of(bs) {
+        return Err(format!("--size {n} is not a multiple of --block {bs}"));
+    }
+    Ok(Size { n, bs, nb: n / bs })
+}
+
 fn main() -> ExitCode {
-    run_app("lu", FLAGS, |app| {
-        let n: usize = app.args.get("size");
-        let bs: usize = app.args.get("block");
-        if bs == 0 || !n.is_multiple_of(bs) {
-            return Err(treadmarks::Error::Failed(format!("--size {n} is not a multiple of --block {bs}")));
-        }
-        let s = Size { n, bs, nb: n / bs };
+    run_app("lu", FLAGS, size, |app, s| {
+        let (n, bs) = (s.n, s.bs);
         let (secs, ok, err) = match app.mode {
             Mode::Seq => {
                 let mut m = initial(&s);

@@ -95,23 +95,27 @@ fn dsm(app: &mut App, n: usize) -> treadmarks::Result<(f64, bool)> {
 const FLAGS: &[Flag] = &[Flag { name: "size", default: "1024", help: "matrix order" }];
 
 fn main() -> ExitCode {
-    run_app("matmul", FLAGS, |app| {
-        let n: usize = app.args.get("size");
-        let detail = format!("{n}x{n}");
-        let (secs, ok) = match app.mode {
-            Mode::Seq => {
-                let (a, b) = initial(0..n, n);
-                let mut c = vec![0.0; n * n];
-                let t = Timer::start();
-                multiply(&mut c, &a, &b, 0..n, n);
-                (t.secs(), true)
-            }
-            Mode::Threads => {
-                let (secs, c) = threads(n, app.nprocs);
-                (secs, c == sequential(n))
-            }
-            Mode::Dsm => dsm(app, n)?,
-        };
-        Ok(Outcome { secs, ok, detail })
-    })
+    run_app(
+        "matmul",
+        FLAGS,
+        |args| Ok(args.get("size")),
+        |app, n: usize| {
+            let detail = format!("{n}x{n}");
+            let (secs, ok) = match app.mode {
+                Mode::Seq => {
+                    let (a, b) = initial(0..n, n);
+                    let mut c = vec![0.0; n * n];
+                    let t = Timer::start();
+                    multiply(&mut c, &a, &b, 0..n, n);
+                    (t.secs(), true)
+                }
+                Mode::Threads => {
+                    let (secs, c) = threads(n, app.nprocs);
+                    (secs, c == sequential(n))
+                }
+                Mode::Dsm => dsm(app, n)?,
+            };
+            Ok(Outcome { secs, ok, detail })
+        },
+    )
 }

@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use std::sync::Mutex;
 use std::time::Duration;
 use treadmarks::{Shared, Tmk};
-use treadmarks_examples::{App, Flag, Mode, Outcome, SharedMut, Timer, block, keys, run_app};
+use treadmarks_examples::{App, Args, Flag, Mode, Outcome, SharedMut, Timer, block, keys, run_app};
 
 /// Ranges the stack holds; a worker finding it full sorts the range itself instead.
 const CAPACITY: usize = 1024;
@@ -282,17 +282,16 @@ const FLAGS: &[Flag] = &[
     Flag { name: "seed", default: "1", help: "key generator seed" },
 ];
 
+fn size(args: &Args) -> Result<Size, String> {
+    let s = Size { keys: args.get("keys"), threshold: args.get("threshold"), seed: args.get("seed") };
+    if s.keys > u32::MAX as usize {
+        return Err(format!("--keys {} does not fit in a u32", s.keys));
+    }
+    Ok(s)
+}
+
 fn main() -> ExitCode {
-    run_app("qsort", FLAGS, |app| {
-        let s = Size {
-            keys: app.args.get("keys"),
-            threshold: app.args.get("threshold"),
-            seed: app.args.get("seed"),
-        };
-        if s.keys > u32::MAX as usize {
-            treadmarks::report("qsort: --keys must fit in a u32");
-            std::process::exit(2);
-        }
+    run_app("qsort", FLAGS, size, |app, s| {
         let mut detail = format!("{} keys, threshold {}", s.keys, s.threshold);
         let (secs, ok) = match app.mode {
             Mode::Seq => {

@@ -21,6 +21,7 @@ use treadmarks::Shared;
 use treadmarks_examples::mesh::Mesh;
 use treadmarks_examples::{
     App, Args, Flag, Mode, Outcome, SharedMut, Timer, block, command_line, keys, print_result, run_parsed,
+    sized,
 };
 
 /// Histogram rows are padded to 4 KiB (1024 `u32`s), so no two nodes write the same page.
@@ -306,13 +307,12 @@ fn main_mp(s: &Size, config: &treadmarks::Config) -> ExitCode {
     }
 }
 
-fn size(args: &Args) -> Size {
+fn size(args: &Args) -> Result<Size, String> {
     let s = Size { keys: args.get("keys"), bits: args.get("bits"), seed: args.get("seed") };
     if !(1..=16).contains(&s.bits) {
-        treadmarks::report("radix: --bits must be 1..=16");
-        std::process::exit(2);
+        return Err(format!("--bits {} is not from 1 to 16", s.bits));
     }
-    s
+    Ok(s)
 }
 
 /// The size flags and their defaults (`--help` lists them).
@@ -324,11 +324,11 @@ const FLAGS: &[Flag] = &[
 
 fn main() -> ExitCode {
     let (config, args) = command_line("radix", FLAGS, &["dsm", "seq", "threads", "mp"]);
+    let s = sized("radix", &args, size);
     if args.mode() == "mp" {
-        return main_mp(&size(&args), &config);
+        return main_mp(&s, &config);
     }
-    run_parsed("radix", &config, args, |app| {
-        let s = size(&app.args);
+    run_parsed("radix", &config, &args, s, |app, s| {
         let detail = format!("{} keys, radix 2^{}, {} passes", s.keys, s.bits, s.passes());
         let (secs, ok) = match app.mode {
             Mode::Seq => {

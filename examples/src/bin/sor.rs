@@ -8,7 +8,7 @@
 use std::process::ExitCode;
 use std::sync::Barrier;
 use treadmarks::Shared;
-use treadmarks_examples::{App, Flag, Mode, Outcome, SharedMut, Timer, block, run_app};
+use treadmarks_examples::{App, Args, Flag, Mode, Outcome, SharedMut, Timer, block, run_app};
 
 struct Size {
     rows: usize,
@@ -142,13 +142,16 @@ const FLAGS: &[Flag] = &[
     Flag { name: "iterations", default: "1000", help: "iterations" },
 ];
 
+fn size(args: &Args) -> Result<Size, String> {
+    Ok(Size {
+        rows: args.get("rows"),
+        half: args.get::<usize>("cols") / 2,
+        iterations: args.get("iterations"),
+    })
+}
+
 fn main() -> ExitCode {
-    run_app("sor", FLAGS, |app| {
-        let s = Size {
-            rows: app.args.get("rows"),
-            half: app.args.get::<usize>("cols") / 2,
-            iterations: app.args.get("iterations"),
-        };
+    run_app("sor", FLAGS, size, |app, s| {
         let detail = format!("{}x{}, {} iterations", s.rows, s.half * 2, s.iterations);
         let (secs, ok) = match app.mode {
             Mode::Seq => {

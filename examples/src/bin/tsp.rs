@@ -23,7 +23,7 @@ use std::process::ExitCode;
 use std::sync::Mutex;
 use treadmarks::Shared;
 use treadmarks_examples::rng::Rng;
-use treadmarks_examples::{App, Flag, Mode, Outcome, Timer, run_app};
+use treadmarks_examples::{App, Args, Flag, Mode, Outcome, Timer, run_app};
 
 const MAX_CITIES: usize = 32;
 /// Lock of the work queue, and of the best tour.
@@ -481,13 +481,12 @@ const FLAGS: &[Flag] = &[
     Flag { name: "seed", default: "1", help: "city generator seed" },
 ];
 
+fn size(args: &Args) -> Result<Size, String> {
+    Ok(Size { cities: args.get("cities"), solve_below: args.get("solve-below"), seed: args.get("seed") })
+}
+
 fn main() -> ExitCode {
-    run_app("tsp", FLAGS, |app| {
-        let s = Size {
-            cities: app.args.get("cities"),
-            solve_below: app.args.get("solve-below"),
-            seed: app.args.get("seed"),
-        };
+    run_app("tsp", FLAGS, size, |app, s| {
         let p = Problem::new(s.cities, s.seed);
         let size = format!("{} cities, solve below {} left", s.cities, s.solve_below);
         let (secs, ok, detail) = match app.mode {

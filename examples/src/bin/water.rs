@@ -398,32 +398,36 @@ const FLAGS: &[Flag] = &[
 ];
 
 fn main() -> ExitCode {
-    run_app("water", FLAGS, |app| {
-        let p = Params::new(app.args.get("molecules"), app.args.get("steps"));
-        let size = format!("{} molecules, {} steps", p.molecules, p.steps);
-        let (secs, got) = match app.mode {
-            Mode::Seq => {
-                let t = Timer::start();
-                let r = sequential(&p);
-                let secs = t.secs();
-                let detail = format!("{size}; energies (potential, kinetic) {:?}", r.1);
-                let ok = r.1.iter().all(|e| e.is_finite());
-                return Ok(Outcome { secs, ok, detail });
-            }
-            Mode::Threads => {
-                let (secs, r) = threads(&p, app.nprocs);
-                (secs, Some(r))
-            }
-            Mode::Dsm => dsm(app, &p)?,
-        };
-        let Some(got) = got else {
-            return Ok(Outcome { secs, ok: true, detail: size });
-        };
-        let (pos, energy) = errors(&p, &got, &sequential(&p));
-        let ok = pos <= TOLERANCE && energy <= TOLERANCE;
-        let detail = format!(
-            "{size}; max relative error: positions {pos:.2e}, energies {energy:.2e} (tolerance {TOLERANCE:.0e})"
-        );
-        Ok(Outcome { secs, ok, detail })
-    })
+    run_app(
+        "water",
+        FLAGS,
+        |args| Ok(Params::new(args.get("molecules"), args.get("steps"))),
+        |app, p| {
+            let size = format!("{} molecules, {} steps", p.molecules, p.steps);
+            let (secs, got) = match app.mode {
+                Mode::Seq => {
+                    let t = Timer::start();
+                    let r = sequential(&p);
+                    let secs = t.secs();
+                    let detail = format!("{size}; energies (potential, kinetic) {:?}", r.1);
+                    let ok = r.1.iter().all(|e| e.is_finite());
+                    return Ok(Outcome { secs, ok, detail });
+                }
+                Mode::Threads => {
+                    let (secs, r) = threads(&p, app.nprocs);
+                    (secs, Some(r))
+                }
+                Mode::Dsm => dsm(app, &p)?,
+            };
+            let Some(got) = got else {
+                return Ok(Outcome { secs, ok: true, detail: size });
+            };
+            let (pos, energy) = errors(&p, &got, &sequential(&p));
+            let ok = pos <= TOLERANCE && energy <= TOLERANCE;
+            let detail = format!(
+                "{size}; max relative error: positions {pos:.2e}, energies {energy:.2e} (tolerance {TOLERANCE:.0e})"
+            );
+            Ok(Outcome { secs, ok, detail })
+        },
+    )
 }

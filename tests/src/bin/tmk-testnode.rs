@@ -402,6 +402,46 @@ fn kill(tmk: &mut Tmk) -> R {
     Err(Error::Failed("the job went on without node 2".into()))
 }
 
+/// Node 2 gives up with an error after the first barrier (its `Tmk` dropped without exiting);
+/// the others must fail fast, saying so.
+fn give_up(tmk: &mut Tmk) -> R {
+    tmk.barrier(0)?;
+    if tmk.proc_id() == 2 {
+        return Err(Error::Failed("node 2 gives up".into()));
+    }
+    for _ in 0..1000 {
+        tmk.barrier(0)?;
+    }
+    Err(Error::Failed("the job went on without node 2".into()))
+}
+
+/// Node 1 writes four pages and dies after the barrier. Node 0 reads them inside `eprintln!`,
+/// holding the standard library's lock on standard error: its service thread learns of the
+/// death meanwhile, and when the read faults, the node must report and exit, not wait for that
+/// lock forever.
+fn fault_in_eprintln(tmk: &mut Tmk) -> R {
+    let a = shared::<u64>(tmk, 4 * 512)?;
+    if tmk.proc_id() == 1 {
+        tmk.view_mut(&a)?.fill(1);
+    }
+    tmk.barrier(0)?;
+    if tmk.proc_id() == 1 {
+        std::process::exit(3);
+    }
+    /// Sums the words when printed, after a pause in which node 1's death is noticed.
+    struct SlowSum<'a>(&'a [u64]);
+    impl std::fmt::Display for SlowSum<'_> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            write!(f, "{}", self.0.iter().sum::<u64>())
+        }
+    }
+    // A view of no part: its pages fault when touched, inside the print.
+    let v = tmk.view_parts(&a, std::iter::empty())?;
+    eprintln!("sum {}", SlowSum(&v));
+    Err(Error::Failed("node 0 read the pages of a node that had died".into()))
+}
+
 /// Bad input from the application gives typed errors that name the value; the job goes on.
 fn errors(tmk: &mut Tmk) -> R {
     let e = tmk.lock_acquire(5000).unwrap_err().to_string();
@@ -638,6 +678,8 @@ fn main() -> ExitCode {
             "stream" => stream(&mut tmk),
             "push" => push(&mut tmk),
             "kill" => kill(&mut tmk),
+            "give-up" => give_up(&mut tmk),
+            "fault-in-eprintln" => fault_in_eprintln(&mut tmk),
             "errors" => errors(&mut tmk),
             "gc-long" => gc_long(&mut tmk),
             "reply-then-fault" => reply_then_fault(&mut tmk),

@@ -492,7 +492,8 @@ impl Heap {
                     };
                     // SAFETY: the range is inside the application view this heap owns, and its pages'
                     // protection allows the access populating simulates: it maps the memfd pages
-                    // just allocated and changes no byte. No Rust reference into the view exists.
+                    // just allocated and changes no byte, so a live view's reference (`view.rs`)
+                    // reads what it read before.
                     unsafe { libc::madvise(start as *mut libc::c_void, len, advice) == 0 }
                 }
             };
@@ -672,8 +673,9 @@ impl Heap {
         let len = count as usize * self.page_size;
         let start = self.app.as_ptr().wrapping_add(first as usize * self.page_size);
         // SAFETY: the range is inside the application view this heap mapped and owns (checked
-        // above); changing its protection cannot invalidate Rust references because no Rust
-        // reference into the application view is ever created by this module.
+        // above). Views (`view.rs`) hold references into it, but a protection change never
+        // changes the bytes behind them: an access it now forbids faults, and the handler makes
+        // the page accessible (and up to date) before the access completes.
         let rc = unsafe { libc::mprotect(start.cast(), len, state::prot(st)) };
         if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
     }
@@ -725,7 +727,8 @@ impl Heap {
                 self.ensure_allocated(first, count).map_err(|e| ("fallocate", e))?;
                 // SAFETY: the range is inside the application view this heap owns (checked
                 // above). MADV_DONTNEED on a shared mapping only drops the PTEs: the memfd keeps
-                // the bytes, and no Rust reference into the application view exists.
+                // the bytes, and an access through a live view (`view.rs`) faults and is resolved
+                // before it completes; the bytes change only while it waits there.
                 if unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_DONTNEED) } != 0 {
                     return Err(("madvise(MADV_DONTNEED)", super::sigsafe::errno()));
                 }
@@ -782,7 +785,8 @@ impl Heap {
             } else if mapped {
                 // SAFETY: the range is inside the application view this heap owns (the caller
                 // checked it). MADV_DONTNEED on a shared mapping only drops the PTEs: the memfd
-                // keeps the bytes, and no Rust reference into the application view exists.
+                // keeps the bytes, which the mapping below maps again unchanged; an access through
+                // a live view (`view.rs`) in between faults and is resolved before it completes.
                 if unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_DONTNEED) } != 0 {
                     return Err(("madvise(MADV_DONTNEED)", super::sigsafe::errno()));
                 }

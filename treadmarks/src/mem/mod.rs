@@ -182,3 +182,9 @@ pub use pages::HeapPages;
 pub use service_fd::{ServiceFd, register_service_fd};
 pub use uffd::Unavailable as UffdUnavailable;
 pub use view::{BorrowTracker, Shared, View, ViewError, ViewMut};
+
+/// Writes `bytes` to standard error with `write(2)` directly, never through the standard
+/// library's lock on it (see [`crate::report`]).
+pub(crate) fn write_stderr(bytes: &[u8]) {
+    sigsafe::write_stderr(&[bytes]);
+}

@@ -75,9 +75,12 @@ pub(crate) enum Command {
         stream: bool,
     },
     Stats,
-    /// Stop the service thread (the application gave up on a failed job): flush what is
-    /// queued, notably abort messages, then answer.
-    Shutdown,
+    /// Stop the service thread (the application left without [`crate::Tmk::exit`], after an
+    /// error or a panic, `panicking`): tell the peers why, flush what is queued, notably abort
+    /// messages, then answer.
+    Shutdown {
+        panicking: bool,
+    },
 }
 
 /// The answer to a [`Command`].
@@ -111,7 +114,7 @@ pub(crate) fn start(
         Command::Validate { pages, write, whole, stream } => {
             node.request_view(&pages, write, &whole, stream)?
         }
-        Command::Stats | Command::Shutdown => unreachable!("answered by the engine"),
+        Command::Stats | Command::Shutdown { .. } => unreachable!("answered by the engine"),
     }
     Ok(None)
 }
@@ -160,7 +163,7 @@ impl Engine {
     pub fn call(&mut self, cmd: Command) -> Result<Reply> {
         match self {
             Engine::Local { node, stats } => {
-                if matches!(cmd, Command::Shutdown) {
+                if matches!(cmd, Command::Shutdown { .. }) {
                     return Ok(Reply::ShutDown);
                 }
                 if matches!(cmd, Command::Stats) {

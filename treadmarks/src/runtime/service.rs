@@ -317,7 +317,11 @@ impl Service {
             return;
         }
         self.app_waits(App::InCommand);
-        if matches!(cmd, Command::Shutdown) {
+        if let Command::Shutdown { panicking } = cmd {
+            // Unless the job failed already (and the peers were told why), they would see only
+            // a closed connection, as from a node that was killed.
+            let how = if panicking { "it panicked" } else { "it returned an error" };
+            self.fail(format!("its application left without calling exit ({how})"));
             self.shutdown = true;
             return;
         }
@@ -476,7 +480,7 @@ impl Service {
 /// notices or leave the job (`protocol/stream.rs`). A release (and an acquire whose token is
 /// here, which the application thread runs itself) brings none.
 fn settles_first(cmd: &Command) -> bool {
-    !matches!(cmd, Command::Release(_) | Command::Validate { .. } | Command::Stats | Command::Shutdown)
+    !matches!(cmd, Command::Release(_) | Command::Validate { .. } | Command::Stats | Command::Shutdown { .. })
 }
 
 /// The application thread is blocked in a page fault, where no error can be returned.
