@@ -68,20 +68,23 @@ fn bad_ids_and_sizes_are_typed_errors_naming_the_value() {
     run("errors", 2, 8).assert_pass("errors");
 }
 
+/// Each of `survivors` failed within 20 s, its failure line saying `why`.
+fn survivors_say(backend: &str, out: &support::Outcome, survivors: &[usize], why: &str) {
+    for survivor in survivors {
+        let prefix = format!("treadmarks: node {survivor}: job failed: ");
+        let said = out.stderr.lines().any(|l| l.starts_with(&prefix) && l.contains(why));
+        assert!(said, "{backend}: node {survivor} must say {why:?}: {out:#?}");
+    }
+    assert!(out.elapsed < Duration::from_secs(20), "{backend}: took {:?}", out.elapsed);
+}
+
 #[test]
 fn a_dead_node_makes_the_others_fail_fast_naming_it() {
     for (backend, out) in run("kill", 4, 9).iter() {
         assert_ne!(out.code, Some(0), "{backend}: {out:#?}");
         // A survivor may learn of it first-hand or from another survivor's abort; either way its
         // failure line names node 2 as the cause.
-        for survivor in [0, 1, 3] {
-            let prefix = format!("treadmarks: node {survivor}: job failed: ");
-            let line = out.stderr.lines().find(|l| l.starts_with(&prefix));
-            let names_node_2 =
-                line.is_some_and(|l| l.contains("node 2 closed its connection without saying goodbye"));
-            assert!(names_node_2, "{backend}: node {survivor} must name node 2 as the cause: {out:#?}");
-        }
-        assert!(out.elapsed < Duration::from_secs(20), "{backend}: took {:?}", out.elapsed);
+        survivors_say(backend, out, &[0, 1, 3], "node 2 closed its connection without saying goodbye");
     }
 }
 
@@ -90,15 +93,8 @@ fn a_node_whose_application_returns_an_error_tells_the_others_why() {
     for (backend, out) in run("give-up", 3, 20).iter() {
         assert_ne!(out.code, Some(0), "{backend}: {out:#?}");
         assert!(out.stderr.contains("node 2 gives up"), "{backend}: {out:#?}");
-        for survivor in [0, 1] {
-            let prefix = format!("treadmarks: node {survivor}: job failed: ");
-            let told = out.stderr.lines().any(|l| {
-                l.starts_with(&prefix)
-                    && l.contains("node 2 aborted the job: its application left without calling exit (it returned an error)")
-            });
-            assert!(told, "{backend}: node {survivor} must say why node 2 left: {out:#?}");
-        }
-        assert!(out.elapsed < Duration::from_secs(20), "{backend}: took {:?}", out.elapsed);
+        let why = "node 2 aborted the job: its application left without calling exit (it returned an error)";
+        survivors_say(backend, out, &[0, 1], why);
     }
 }
 

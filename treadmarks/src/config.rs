@@ -361,47 +361,31 @@ impl Config {
         }
         // Bounds on what every node allocates up front, so that an excessive value is an error
         // naming it rather than an allocation failure that aborts the process.
-        let at_most = |name: &'static str, value: u64, max: u64, unit: &str, why: &str| {
-            if value > max {
-                return Err(invalid(name, &value.to_string(), format!("at most {max}{unit}: {why}")));
-            }
-            Ok(())
-        };
-        at_most(
-            "TMK_HEAP_SIZE",
-            self.heap_size as u64,
-            MAX_HEAP_SIZE as u64,
-            " bytes (64 GiB)",
-            "every node keeps ~80 bytes of state a 4 KiB page",
-        )?;
-        at_most(
-            "TMK_LOCKS",
-            u64::from(self.nlocks),
-            u64::from(MAX_LOCKS),
-            "",
-            "every node keeps the state of every lock",
-        )?;
-        at_most(
-            "TMK_BARRIERS",
-            u64::from(self.nbarriers),
-            u64::from(MAX_BARRIERS),
-            "",
-            "ids are checked against it",
-        )?;
-        at_most(
-            "TMK_MALLOC_RESERVE",
-            self.malloc_reserve as u64,
-            MAX_MALLOC_RESERVE as u64,
-            " bytes (1 GiB)",
-            "backed at startup",
-        )?;
-        at_most(
-            "TMK_CONNECT_TIMEOUT",
-            self.connect_timeout.as_secs(),
-            MAX_CONNECT_TIMEOUT_S,
-            " s (a day)",
-            "a bound on meeting the other nodes",
-        )?;
+        let bounds: [(&'static str, u64, u64, &str); 5] = [
+            (
+                "TMK_HEAP_SIZE",
+                self.heap_size as u64,
+                MAX_HEAP_SIZE as u64,
+                "bytes (64 GiB): every node keeps ~80 bytes of state a 4 KiB page",
+            ),
+            (
+                "TMK_LOCKS",
+                u64::from(self.nlocks),
+                u64::from(MAX_LOCKS),
+                "locks: every node keeps the state of every lock",
+            ),
+            ("TMK_BARRIERS", u64::from(self.nbarriers), u64::from(MAX_BARRIERS), "barriers"),
+            (
+                "TMK_MALLOC_RESERVE",
+                self.malloc_reserve as u64,
+                MAX_MALLOC_RESERVE as u64,
+                "bytes (1 GiB), backed at startup",
+            ),
+            ("TMK_CONNECT_TIMEOUT", self.connect_timeout.as_secs(), MAX_CONNECT_TIMEOUT_S, "s (a day)"),
+        ];
+        if let Some(&(name, value, max, what)) = bounds.iter().find(|b| b.1 > b.2) {
+            return Err(invalid(name, &value.to_string(), format!("at most {max} {what}")));
+        }
         Ok(())
     }
 
