@@ -3,8 +3,8 @@
 //!
 //! Every app is one binary taking `-n N`, `--mode dsm|seq|threads` and its own size flags, which
 //! it declares ([`Flag`]): `--help` lists them with their defaults, and any other argument is
-//! refused by name (exit status 2) before anything runs. It times its parallel section only, checks its result against a sequential computation, and
-//! prints (node 0 only, in DSM mode):
+//! refused by name (exit status 2) before anything runs. It times its parallel section only,
+//! checks its result against a sequential computation, and prints (node 0 only, in DSM mode):
 //!
 //! ```text
 //! RESULT app=sor mode=dsm nprocs=2 secs=0.1234 detail="2000x1000, 1000 iterations"
@@ -203,6 +203,10 @@ pub const MODES: &[&str] = &["dsm", "seq", "threads"];
 /// `--help`.
 pub fn command_line(name: &str, flags: &'static [Flag], modes: &[&str]) -> (treadmarks::Config, Args) {
     let raw: Vec<String> = std::env::args().skip(1).collect();
+    if raw.iter().any(|a| a == "--help" || a == "-h") {
+        print!("{}", usage(name, flags, modes));
+        std::process::exit(0);
+    }
     let (config, rest) =
         treadmarks::Config::from_env_and_args(raw).unwrap_or_else(|e| fail_usage(&format!("{name}: {e}")));
     (config, Args::new(name, &rest, flags, modes))

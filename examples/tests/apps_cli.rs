@@ -42,6 +42,15 @@ fn help_lists_every_flag_and_runs_nothing() {
 }
 
 #[test]
+fn help_wins_over_bad_settings() {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_water"));
+    cmd.args(["-n", "0", "--help"]).env("TMK_PIN", "2");
+    let out = Job::spawn(cmd).wait(Duration::from_secs(60));
+    assert_eq!(out.code, Some(0), "{out:#?}");
+    assert!(out.stdout.starts_with("usage: water "), "{out:#?}");
+}
+
+#[test]
 fn bad_command_lines_are_refused_by_name() {
     let cases: [(&[&str], &str); 5] = [
         (&["--no-such-flag", "1"], "unknown flag --no-such-flag"),

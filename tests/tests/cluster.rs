@@ -93,7 +93,8 @@ fn a_node_whose_application_returns_an_error_tells_the_others_why() {
     for (backend, out) in run("give-up", 3, 20).iter() {
         assert_ne!(out.code, Some(0), "{backend}: {out:#?}");
         assert!(out.stderr.contains("node 2 gives up"), "{backend}: {out:#?}");
-        let why = "node 2 aborted the job: its application left without calling exit (it returned an error)";
+        let why =
+            "node 2 aborted the job: its application left without calling exit (an error or an early return)";
         survivors_say(backend, out, &[0, 1], why);
     }
 }

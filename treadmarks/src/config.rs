@@ -298,8 +298,10 @@ impl Config {
             c.stream_min_pages = num("TMK_STREAM_MIN_PAGES", &v)?;
         }
         if let Some(v) = env("TMK_STATS") {
-            c.stats_json = v == "json";
-            c.print_stats = c.stats_json || switch("TMK_STATS", &v)?;
+            c.stats_json = v.eq_ignore_ascii_case("json");
+            c.print_stats = c.stats_json
+                || switch("TMK_STATS", &v)
+                    .map_err(|_| invalid("TMK_STATS", &v, "expected 1 or 0 (on/off, ...) or json"))?;
         }
         if let Some(v) = env("TMK_CONNECT_TIMEOUT") {
             c.connect_timeout = Duration::from_secs(num("TMK_CONNECT_TIMEOUT", &v)?);

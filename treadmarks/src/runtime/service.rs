@@ -316,15 +316,18 @@ impl Service {
             }
             return;
         }
-        self.app_waits(App::InCommand);
         if let Command::Shutdown { panicking } = cmd {
             // Unless the job failed already (and the peers were told why), they would see only
-            // a closed connection, as from a node that was killed.
-            let how = if panicking { "it panicked" } else { "it returned an error" };
+            // a closed connection, as from a node that was killed. Failed while the application
+            // counts as running, nothing is answered yet: the answer comes once the abort is
+            // flushed (`run`).
+            let how = if panicking { "it panicked" } else { "an error or an early return" };
             self.fail(format!("its application left without calling exit ({how})"));
+            self.app_waits(App::InCommand);
             self.shutdown = true;
             return;
         }
+        self.app_waits(App::InCommand);
         if let Some(why) = &self.failed {
             return self.reply(Err(Error::Failed(why.clone())));
         }
