@@ -55,17 +55,13 @@ pub struct Args {
 }
 
 impl Args {
-    /// Checks `args` for app `app`: prints its usage and exits 0 on `--help` or `-h`; exits 2
-    /// naming the argument on anything that is not `--mode` (one of `modes`) or a flag of
-    /// `flags` with a value.
+    /// Checks `args` for app `app`: exits 2 naming the argument on anything that is not
+    /// `--mode` (one of `modes`) or a flag of `flags` with a value. (`--help` is taken first, by
+    /// [`command_line`].)
     pub fn new(app: &str, args: &[String], flags: &'static [Flag], modes: &[&str]) -> Self {
         let parsed = Args { args: args.to_vec(), flags };
         let mut it = args.iter();
         while let Some(a) = it.next() {
-            if a == "--help" || a == "-h" {
-                print!("{}", usage(app, flags, modes));
-                std::process::exit(0);
-            }
             let Some(flag) = a.strip_prefix("--") else {
                 fail_usage(&format!("{app}: unexpected argument {a:?}\n{}", usage(app, flags, modes)))
             };
@@ -144,7 +140,8 @@ fn usage(app: &str, flags: &[Flag], modes: &[&str]) -> String {
     for (left, right) in lines {
         out += &format!("  {left:width$}  {right}\n");
     }
-    out += "Prints a RESULT line, then PASS, or FAIL and exits with status 1. Runtime settings (TMK_*): see the README.\n";
+    out += "Prints a RESULT line, then PASS, or FAIL and exits with status 1.\n";
+    out += "Runtime settings (TMK_*): see the README.\n";
     out
 }
 
