@@ -16,6 +16,10 @@
 //! forwards go stale and crossing grants happen often; after every lock step each lock's token
 //! must exist exactly once (at a node, or in one grant in flight) with at most one holder.
 //!
+//! Fuzzing runs stop a simulation at a random step and hand one message's receiver a corrupted
+//! copy of it (bits flipped, bytes dropped or repeated in its encoding; or the message twice; or
+//! from another sender): the receiver must take it, or refuse it with an error, and never panic.
+//!
 //! A failure names its seed; `TMK_SIM_SEED=<seed> cargo test -p treadmarks sim` replays it.
 
 use super::*;
@@ -207,6 +211,21 @@ struct Sim {
     local_validations: u64,
     /// Per-link delivery weights (0: stalled for now); empty: every link and node alike.
     skew: Vec<u64>,
+    /// Fuzzing: the step from which the next message delivered is corrupted, ending the run.
+    fuzz_at: Option<u64>,
+    /// Fuzzing: what the receiver did with the corrupted message.
+    fuzzed: Option<Fuzzed>,
+}
+
+/// What a receiver did with a corrupted message (see [`Sim::deliver_corrupted`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fuzzed {
+    /// The codec refused the bytes: the protocol never saw them.
+    Undecodable,
+    /// The receiver took every copy without an error.
+    Taken,
+    /// The receiver refused a copy with an error.
+    Refused,
 }
 
 fn locate(w: u32) -> (PageIdx, usize) {
@@ -254,6 +273,8 @@ impl Sim {
             seed,
             local_validations: 0,
             skew,
+            fuzz_at: None,
+            fuzzed: None,
         }
     }
 
@@ -474,6 +495,9 @@ impl Sim {
                 let l = busy[pick - runnable.len()];
                 let (from, to) = (l / self.n, l % self.n);
                 let msg = self.links[l].pop_front().expect("non-empty");
+                if self.fuzz_at.is_some_and(|at| steps >= at) {
+                    return self.deliver_corrupted(from, to, msg);
+                }
                 let lock_msg =
                     matches!(msg.kind(), MsgKind::LockRequest | MsgKind::LockForward | MsgKind::LockGrant);
                 self.core(to, |n| n.handle_message(NodeId(from as u16), msg));
@@ -508,6 +532,67 @@ impl Sim {
             self.core(to, |n| n.handle_message(NodeId(from as u16), msg));
         }
         assert!(self.nodes.iter().all(|sn| sn.exited), "seed {}: exit did not complete", self.seed);
+    }
+}
+
+impl Sim {
+    /// Fuzzing: hands node `to` a corrupted copy of `msg` from `from` and requires it to take
+    /// it or refuse it with an error, not to panic. The run ends here.
+    fn deliver_corrupted(&mut self, from: usize, to: usize, msg: Message) {
+        let seed = self.seed;
+        let mut bytes = postcard::to_allocvec(&msg).expect("encode");
+        let how = self.rng.below(5);
+        let mut sender = from;
+        let copies: Vec<Message> = match how {
+            0..=2 => {
+                for _ in 0..1 + self.rng.below(3) {
+                    let i = self.rng.below(bytes.len() as u64) as usize;
+                    match how {
+                        0 => bytes[i] ^= 1 << self.rng.below(8),
+                        1 => drop(bytes.remove(i)),
+                        _ => bytes.insert(i, bytes[i]),
+                    }
+                    if bytes.is_empty() {
+                        self.fuzzed = Some(Fuzzed::Undecodable);
+                        return;
+                    }
+                }
+                // A corruption the codec refuses never reaches the protocol (`codec.rs`).
+                match postcard::from_bytes::<Message>(&bytes) {
+                    Ok(m) => vec![m],
+                    Err(_) => {
+                        self.fuzzed = Some(Fuzzed::Undecodable);
+                        return;
+                    }
+                }
+            }
+            3 => vec![msg.clone(), msg],
+            _ => {
+                sender = (from + 1 + self.rng.below(self.n as u64 - 1) as usize) % self.n;
+                vec![msg]
+            }
+        };
+        self.fuzzed = Some(Fuzzed::Taken);
+        for m in copies {
+            let shown = format!("{m:?}");
+            let node = &mut self.nodes[to].node;
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                node.handle_message(NodeId(sender as u16), m)
+            }));
+            match r {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => {
+                    self.fuzzed = Some(Fuzzed::Refused);
+                    return;
+                }
+                Err(e) => {
+                    let why = e.downcast_ref::<String>().cloned().unwrap_or_default();
+                    panic!(
+                        "seed {seed}: node {to} panicked ({why}) on corruption {how} from node {sender}: {shown}"
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -648,4 +733,37 @@ fn lock_walks_with_bundled_grants_read_sequentially_consistent_values() {
     assert!(totals.lock_tokens_bundled > 20_000 && totals.lock_acquires_local > 20_000, "{totals:?}");
     assert_eq!(totals.lock_tokens_received, totals.lock_tokens_bundled);
     assert!(totals.lock_forwards_returned > 100 && totals.diffs_piggybacked > 1000, "{totals:?}");
+}
+
+#[test]
+fn corrupted_messages_are_taken_or_refused_never_a_panic() {
+    // `TMK_SIM_FUZZ=<n>` runs more (the suite runs 3,000).
+    let seeds: u64 = std::env::var("TMK_SIM_FUZZ").ok().and_then(|s| s.parse().ok()).unwrap_or(3000);
+    let mut outcomes = std::collections::BTreeMap::new();
+    for seed in 0..seeds {
+        let mut pick = Rng(seed ^ 0xf022);
+        let shape = Shape {
+            n: 2 + pick.below(3) as usize,
+            words: WORDS_PER_PAGE * (1 + pick.below(4) as u32),
+            nlocks: 1 + pick.below(3) as u32,
+            phases: 1 + pick.below(6) as usize,
+            gc_threshold: [u64::MAX, 0, 300][pick.below(3) as usize],
+            push: pick.below(4) != 0,
+            push_skip: pick.below(2) != 0,
+            lock_bundle: [0, 2, 8][pick.below(3) as usize],
+            walks: false,
+            skewed: false,
+            stream_min_pages: [0, 2][pick.below(2) as usize],
+        };
+        let mut sim = Sim::new(seed, &shape);
+        sim.fuzz_at = Some(pick.below(400));
+        sim.run();
+        if let Some(f) = sim.fuzzed {
+            *outcomes.entry(format!("{f:?}")).or_insert(0u64) += 1;
+        }
+    }
+    eprintln!("corrupted messages: {outcomes:?}");
+    // The corruptions must reach the protocol, both as messages it refuses and ones it takes.
+    let count = |k: &str| outcomes.get(k).copied().unwrap_or(0);
+    assert!(count("Refused") > seeds / 4 && count("Taken") > seeds / 20, "{outcomes:?}");
 }
