@@ -568,7 +568,7 @@ impl Sim {
             }
             3 => vec![msg.clone(), msg],
             _ => {
-                sender = (from + 1 + self.rng.below(self.n as u64 - 1) as usize) % self.n;
+                sender = (from + 1 + self.rng.below((self.n as u64 - 1).max(1)) as usize) % self.n;
                 vec![msg]
             }
         };
@@ -596,45 +596,49 @@ impl Sim {
     }
 }
 
-fn run_seed(seed: u64) -> (Vec<ProtocolStats>, u64) {
+/// The shape of random-program run `seed`.
+fn program_shape(seed: u64) -> Shape {
     let mut pick = Rng(seed ^ 0x5eed);
-    run_shape(
-        seed,
-        Shape {
-            n: 1 + pick.below(4) as usize,
-            words: WORDS_PER_PAGE * (1 + pick.below(4) as u32),
-            nlocks: 1 + pick.below(3) as u32,
-            phases: 1 + pick.below(6) as usize,
-            gc_threshold: [u64::MAX, 0, 300, 2000][pick.below(4) as usize],
-            push: pick.below(4) != 0,
-            push_skip: pick.below(2) != 0,
-            lock_bundle: [0, 1, 2, 8][pick.below(4) as usize],
-            walks: false,
-            skewed: pick.below(4) == 0,
-            stream_min_pages: [0, 1, 2, 3][pick.below(4) as usize],
-        },
-    )
+    Shape {
+        n: 1 + pick.below(4) as usize,
+        words: WORDS_PER_PAGE * (1 + pick.below(4) as u32),
+        nlocks: 1 + pick.below(3) as u32,
+        phases: 1 + pick.below(6) as usize,
+        gc_threshold: [u64::MAX, 0, 300, 2000][pick.below(4) as usize],
+        push: pick.below(4) != 0,
+        push_skip: pick.below(2) != 0,
+        lock_bundle: [0, 1, 2, 8][pick.below(4) as usize],
+        walks: false,
+        skewed: pick.below(4) == 0,
+        stream_min_pages: [0, 1, 2, 3][pick.below(4) as usize],
+    }
+}
+
+/// The shape of lock-walk run `seed`.
+fn walk_shape(seed: u64) -> Shape {
+    let mut pick = Rng(seed ^ 0xa1c);
+    let nlocks = 4 + pick.below(29) as u32;
+    Shape {
+        n: 2 + pick.below(3) as usize,
+        words: nlocks * (1 + pick.below(3) as u32),
+        nlocks,
+        phases: 2 + pick.below(5) as usize,
+        gc_threshold: [u64::MAX, 300][pick.below(2) as usize],
+        push: pick.below(2) != 0,
+        push_skip: pick.below(2) != 0,
+        lock_bundle: [1, 4, 8, 32][pick.below(4) as usize],
+        walks: true,
+        skewed: pick.below(2) == 0,
+        stream_min_pages: 0,
+    }
+}
+
+fn run_seed(seed: u64) -> (Vec<ProtocolStats>, u64) {
+    run_shape(seed, program_shape(seed))
 }
 
 fn run_walk_seed(seed: u64) -> (Vec<ProtocolStats>, u64) {
-    let mut pick = Rng(seed ^ 0xa1c);
-    let nlocks = 4 + pick.below(29) as u32;
-    run_shape(
-        seed,
-        Shape {
-            n: 2 + pick.below(3) as usize,
-            words: nlocks * (1 + pick.below(3) as u32),
-            nlocks,
-            phases: 2 + pick.below(5) as usize,
-            gc_threshold: [u64::MAX, 300][pick.below(2) as usize],
-            push: pick.below(2) != 0,
-            push_skip: pick.below(2) != 0,
-            lock_bundle: [1, 4, 8, 32][pick.below(4) as usize],
-            walks: true,
-            skewed: pick.below(2) == 0,
-            stream_min_pages: 0,
-        },
-    )
+    run_shape(seed, walk_shape(seed))
 }
 
 /// Runs one simulation; returns every node's counters and the validations that needed no message.
@@ -741,20 +745,9 @@ fn corrupted_messages_are_taken_or_refused_never_a_panic() {
     let seeds: u64 = std::env::var("TMK_SIM_FUZZ").ok().and_then(|s| s.parse().ok()).unwrap_or(3000);
     let mut outcomes = std::collections::BTreeMap::new();
     for seed in 0..seeds {
+        // Random programs and lock walks in turn, on every shape they run on.
+        let shape = if seed % 2 == 0 { program_shape(seed) } else { walk_shape(seed) };
         let mut pick = Rng(seed ^ 0xf022);
-        let shape = Shape {
-            n: 2 + pick.below(3) as usize,
-            words: WORDS_PER_PAGE * (1 + pick.below(4) as u32),
-            nlocks: 1 + pick.below(3) as u32,
-            phases: 1 + pick.below(6) as usize,
-            gc_threshold: [u64::MAX, 0, 300][pick.below(3) as usize],
-            push: pick.below(4) != 0,
-            push_skip: pick.below(2) != 0,
-            lock_bundle: [0, 2, 8][pick.below(3) as usize],
-            walks: false,
-            skewed: false,
-            stream_min_pages: [0, 2][pick.below(2) as usize],
-        };
         let mut sim = Sim::new(seed, &shape);
         sim.fuzz_at = Some(pick.below(400));
         sim.run();
