@@ -98,16 +98,19 @@ impl Args {
         raw.parse().unwrap_or_else(|_| fail_usage(&format!("bad value {raw:?} for --{name}")))
     }
 
-    /// The last value given for `--name`, if any.
+    /// The last value given for `--name`, if any. (Every flag has its value, inline or next:
+    /// [`Args::new`] checked; a value is never taken for a flag.)
     fn value(&self, name: &str) -> Option<String> {
-        let flag = format!("--{name}");
         let mut found = None;
         let mut it = self.args.iter();
         while let Some(a) = it.next() {
-            if *a == flag {
-                found = it.next().cloned();
-            } else if let Some(v) = a.strip_prefix(&flag).and_then(|r| r.strip_prefix('=')) {
-                found = Some(v.to_string());
+            let flag = a.strip_prefix("--").unwrap_or(a);
+            let (key, v) = match flag.split_once('=') {
+                Some((key, v)) => (key, Some(v.to_string())),
+                None => (flag, it.next().cloned()),
+            };
+            if key == name {
+                found = v;
             }
         }
         found
@@ -328,9 +331,9 @@ mod tests {
             Flag { name: "cols", default: "2", help: "columns" },
             Flag { name: "iterations", default: "5", help: "iterations" },
         ];
-        let raw = ["--rows", "12", "--cols=7", "--mode", "seq"].map(String::from);
+        let raw = ["--rows", "12", "--cols=7", "--mode", "seq", "--rows", "13"].map(String::from);
         let a = Args::new("t", &raw, FLAGS, MODES);
-        assert_eq!(a.get::<usize>("rows"), 12);
+        assert_eq!(a.get::<usize>("rows"), 13, "the last value given wins");
         assert_eq!(a.get::<usize>("cols"), 7);
         assert_eq!(a.get::<usize>("iterations"), 5);
         assert_eq!(a.mode(), "seq");
