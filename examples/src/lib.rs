@@ -297,6 +297,12 @@ pub fn print_result(app: &str, mode: &str, nprocs: usize, secs: f64, detail: &st
         .and_then(|()| writeln!(out, "{}", if ok { "PASS" } else { "FAIL" }));
 }
 
+/// The largest of `errors`, and NaN if any is NaN: `f64::max` drops a NaN, so a result holding
+/// one would pass a check against a tolerance.
+pub fn worst(errors: impl IntoIterator<Item = f64>) -> f64 {
+    errors.into_iter().fold(0.0, |m: f64, e| if m.is_nan() || e <= m { m } else { e })
+}
+
 /// The rows `[begin, end)` of `0..n` that worker `me` of `nprocs` works on (contiguous blocks,
 /// the first `n % nprocs` workers one row larger).
 pub fn block(n: usize, me: usize, nprocs: usize) -> (usize, usize) {
@@ -322,6 +328,15 @@ mod tests {
                 assert_eq!(next, n);
             }
         }
+    }
+
+    #[test]
+    fn the_worst_error_keeps_a_nan() {
+        assert_eq!(worst([0.5, 2.0, 1.0]), 2.0);
+        assert_eq!(worst([]), 0.0);
+        assert!(worst([1.0, f64::NAN, 3.0]).is_nan());
+        assert!(worst([f64::NAN, 1.0]).is_nan());
+        assert!(!(worst([1e-12, f64::NAN]) <= 1e-6), "a NaN fails every tolerance");
     }
 
     #[test]

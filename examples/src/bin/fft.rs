@@ -17,7 +17,7 @@ use std::ops::Range;
 use std::process::ExitCode;
 use std::sync::Barrier;
 use treadmarks::Shared;
-use treadmarks_examples::{App, Args, Flag, Mode, Outcome, SharedMut, Timer, block, run_app};
+use treadmarks_examples::{App, Args, Flag, Mode, Outcome, SharedMut, Timer, block, run_app, worst};
 
 /// Largest error accepted, relative to the largest value.
 const TOLERANCE: f64 = 1e-9;
@@ -193,9 +193,7 @@ fn transform_seq(w: &Worker, arrays: &mut [Vec<C>; 2], inverse: bool) {
 /// The largest difference between `got` and `want`, relative to the largest value of `want`.
 fn max_error(got: &[C], want: &[C]) -> f64 {
     let scale = want.iter().fold(0f64, |m, x| m.max(x[0].abs()).max(x[1].abs()));
-    let err =
-        got.iter().zip(want).fold(0f64, |m, (x, y)| m.max((x[0] - y[0]).abs()).max((x[1] - y[1]).abs()));
-    err / scale
+    worst(got.iter().zip(want).flat_map(|(x, y)| [(x[0] - y[0]).abs(), (x[1] - y[1]).abs()])) / scale
 }
 
 /// Checks a forward result against the sequential six-step run (exactly) and a plain radix-2

@@ -13,7 +13,7 @@
 use std::process::ExitCode;
 use std::sync::Barrier;
 use treadmarks::Shared;
-use treadmarks_examples::{App, Args, Flag, Mode, Outcome, SharedMut, Timer, run_app};
+use treadmarks_examples::{App, Args, Flag, Mode, Outcome, SharedMut, Timer, run_app, worst};
 
 /// Largest error accepted, relative to the element (and the componentwise backward error).
 const TOLERANCE: f64 = 1e-9;
@@ -243,13 +243,13 @@ fn factor_seq(s: &Size, m: &mut [f64]) {
 
 /// The largest difference between `got` and `want`, element by element, relative to `want`.
 fn max_error(got: &[f64], want: &[f64]) -> f64 {
-    got.iter().zip(want).fold(0f64, |m, (x, y)| if x == y { m } else { m.max((x - y).abs() / y.abs()) })
+    worst(got.iter().zip(want).map(|(x, y)| if x == y { 0.0 } else { (x - y).abs() / y.abs() }))
 }
 
 /// The componentwise backward error of L x U against the matrix on every 16th row: the largest
 /// |(L x U - A)_ij| / (|L| x |U|)_ij (L unit lower triangular and U upper, packed in `lu`).
 fn residual(s: &Size, lu: &[f64], a: &[f64]) -> f64 {
-    let mut err = 0f64;
+    let mut errs = Vec::new();
     for i in (0..s.n).step_by(16) {
         for j in 0..s.n {
             let u_ij = if i <= j { lu[s.at(i, j)] } else { 0.0 };
@@ -259,10 +259,11 @@ fn residual(s: &Size, lu: &[f64], a: &[f64]) -> f64 {
                 sum += p;
                 mag += p.abs();
             }
-            err = err.max((sum - a[s.at(i, j)]).abs() / mag);
+            let diff = (sum - a[s.at(i, j)]).abs();
+            errs.push(if mag > 0.0 { diff / mag } else { diff });
         }
     }
-    err
+    worst(errs)
 }
 
 /// The sequential factors, checked against the matrix (`None` if they do not reproduce it).

@@ -20,7 +20,7 @@ use std::process::ExitCode;
 use std::sync::{Barrier, Mutex};
 use treadmarks::Shared;
 use treadmarks_examples::rng::Rng;
-use treadmarks_examples::{App, Flag, Mode, Outcome, SharedMut, Timer, block, run_app};
+use treadmarks_examples::{App, Flag, Mode, Outcome, SharedMut, Timer, block, run_app, worst};
 
 const DT: f64 = 0.002;
 /// Site masses (O, H, H) and charges.
@@ -380,14 +380,13 @@ fn dsm(app: &mut App, p: &Params) -> treadmarks::Result<(f64, Option<Final>)> {
 /// The largest relative differences from the sequential result: positions (relative to the box
 /// side) and energies.
 fn errors(p: &Params, got: &Final, want: &Final) -> (f64, f64) {
-    let pos = got
-        .0
-        .iter()
-        .zip(&want.0)
-        .flat_map(|(a, b)| a.x[0].iter().zip(&b.x[0]).map(|(x, y)| (x - y).abs() / p.side))
-        .fold(0.0, f64::max);
-    let energy =
-        got.1.iter().zip(&want.1).map(|(x, y)| (x - y).abs() / y.abs().max(1e-300)).fold(0.0, f64::max);
+    let pos = worst(
+        got.0
+            .iter()
+            .zip(&want.0)
+            .flat_map(|(a, b)| a.x[0].iter().zip(&b.x[0]).map(|(x, y)| (x - y).abs() / p.side)),
+    );
+    let energy = worst(got.1.iter().zip(&want.1).map(|(x, y)| (x - y).abs() / y.abs().max(1e-300)));
     (pos, energy)
 }
 
