@@ -9,6 +9,7 @@
 //! | heap base address | `TMK_HEAP_BASE` (hex) | | `0x600000000000` |
 //! | locks / barriers | `TMK_LOCKS` / `TMK_BARRIERS` | | 1024 / 64 |
 //! | collect consistency data past | `TMK_GC_THRESHOLD` (`1MiB`, bytes) | | 32 MiB or a quarter of the heap, if less |
+//! | fail a lock acquire past this much consistency data (a program that never collects) | `TMK_CONSISTENCY_LIMIT` (bytes; 0: no limit) | | half the machine's memory over the job's nodes on it |
 //! | print statistics at exit | `TMK_STATS=1` (a table), `TMK_STATS=json` (one line) | | off |
 //! | bound on meeting the other nodes | `TMK_CONNECT_TIMEOUT` (seconds) | | 30 |
 //! | how long the application polls for a reply, or for a fault's resolution, before it sleeps | `TMK_SPIN_US` (µs) | | 100 |
@@ -103,6 +104,10 @@ pub struct Config {
     /// How long the application thread polls for a reply, or for a fault's resolution, before
     /// it sleeps (`TMK_SPIN_US`).
     pub app_spin: Duration,
+    /// Consistency data past which a lock acquire fails (`TMK_CONSISTENCY_LIMIT`; 0: none);
+    /// `None`: half this machine's memory over the job's nodes on it
+    /// ([`Config::consistency_limit_bytes`]).
+    pub consistency_limit: Option<u64>,
 }
 
 /// Allocator heap the service thread backs at startup, by default (`mem/malloc.rs`): radix at
@@ -182,12 +187,27 @@ impl Default for Config {
             service_rt: None,
             service_spin: None,
             app_spin: DEFAULT_APP_SPIN,
+            consistency_limit: None,
         }
     }
 }
 
 fn invalid(name: &'static str, value: &str, why: impl ToString) -> ConfigError {
     ConfigError::Invalid { name, value: value.to_string(), why: why.to_string() }
+}
+
+/// This machine's memory (`MemTotal` in `/proc/meminfo`), if it can be read.
+fn physical_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib << 10)
 }
 
 /// An on/off setting: `1`, `on`, `true` or `yes`; `0`, `off`, `false` or `no`.
@@ -272,6 +292,9 @@ impl Config {
         }
         if let Some(v) = env("TMK_SPIN_US") {
             c.app_spin = Duration::from_micros(num("TMK_SPIN_US", &v)?);
+        }
+        if let Some(v) = env("TMK_CONSISTENCY_LIMIT") {
+            c.consistency_limit = Some(parse_size("TMK_CONSISTENCY_LIMIT", &v)? as u64);
         }
         if let Some(v) = env("TMK_DIFF_RESERVE") {
             c.diff_reserve = Some(parse_size("TMK_DIFF_RESERVE", &v)? as u64);
@@ -389,6 +412,17 @@ impl Config {
             return Err(invalid(name, &value.to_string(), format!("at most {max} {what}")));
         }
         Ok(())
+    }
+
+    /// The consistency data past which a lock acquire fails, for a node sharing this machine
+    /// with `local_nodes` of the job: as set (0: none), else half the machine's memory
+    /// (`/proc/meminfo`) over them; no limit where the memory is unknown.
+    pub fn consistency_limit_bytes(&self, local_nodes: u64) -> u64 {
+        match self.consistency_limit {
+            Some(0) => u64::MAX,
+            Some(limit) => limit,
+            None => physical_memory().map_or(u64::MAX, |m| m / 2 / local_nodes.max(1)),
+        }
     }
 
     /// Diff memory to back at startup: as set, else the diffs a node holds before its first

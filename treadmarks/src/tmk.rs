@@ -91,6 +91,9 @@ impl Tmk {
         let backend = if n > 1 { crate::mem::select_backend(config.faults)? } else { FaultBackend::Mprotect };
         let layout = HeapLayout { base: config.heap_base, size: config.heap_size, protect: n > 1 };
         let heap = Heap::map_with(layout, backend)?;
+        // A job started here has all its nodes on this machine.
+        let local_job = matches!(config.role, Role::Launcher) || launch::spawned_by_launcher();
+        let local_nodes = if local_job { u64::from(n) } else { 1 };
         let node_cfg = NodeConfig {
             me,
             nprocs: n,
@@ -104,6 +107,7 @@ impl Tmk {
             // Alone, a node has every token: nothing to predict.
             lock_bundle: if n > 1 { config.lock_bundle } else { 0 },
             stream_min_pages: config.stream_min_pages,
+            consistency_limit: config.consistency_limit_bytes(local_nodes),
         };
         let node = Node::new(node_cfg, HeapPages(heap.clone()));
         let mut children = None;
@@ -126,7 +130,6 @@ impl Tmk {
             // (its application and service threads), so that its protection changes need no
             // TLB shootdown on another CPU and its threads hand work to each other on one run
             // queue; a real-time service thread then preempts its own application at once.
-            let local_job = matches!(config.role, Role::Launcher) || launch::spawned_by_launcher();
             let cpus = crate::mem::sched::allowed_cpus();
             let pinned = config.pin.unwrap_or(local_job) && crate::mem::sched::pin_to_cpu(me.idx()).is_some();
             let service_rt = config.service_rt.unwrap_or(pinned);

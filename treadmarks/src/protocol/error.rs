@@ -40,6 +40,14 @@ pub enum ProtocolError {
     /// A peer's job failed and it told us why.
     #[error("{from} aborted the job: {reason}")]
     Aborted { from: NodeId, reason: String },
+    /// A node that never collects (a program synchronizing with locks alone) holds more
+    /// consistency data than its limit allows.
+    #[error(
+        "consistency data is {bytes} bytes, over this node's limit of {limit} (TMK_CONSISTENCY_LIMIT): \
+         only a barrier or Tmk::collect() (a collective) collects it, and a program that synchronizes \
+         with locks alone must call one now and then"
+    )]
+    ConsistencyLimit { bytes: u64, limit: u64 },
     /// The application asked for something while another request is pending.
     #[error("{what} requested while another request is still pending")]
     Busy { what: &'static str },

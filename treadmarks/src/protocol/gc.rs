@@ -97,22 +97,33 @@ impl<M: PageMemory> Node<M> {
         self.gc_force || self.reclaimable_bytes() > self.cfg.gc_threshold
     }
 
-    /// Lock-only programs never collect by themselves: say so once when it is overdue. The data
-    /// passes the threshold between two barriers of a program that has them, and the next one
-    /// collects it; only at [`OVERDUE_FACTOR`] times the threshold has no barrier come when one
-    /// would have (water at 2,000 steps was told to call barriers, which it does).
-    pub(crate) fn warn_if_collection_overdue(&mut self) {
+    /// Lock-only programs never collect by themselves: say so when it is overdue, and again at
+    /// every doubling, and fail past [`NodeConfig::consistency_limit`] (an error naming the
+    /// bytes) rather than run the machine out of memory, where the process would die on some
+    /// allocation with no word of why. The data passes the threshold between two barriers of a
+    /// program that has them, and the next one collects it; only at [`OVERDUE_FACTOR`] times
+    /// the threshold has no barrier come when one would have (water at 2,000 steps was told to
+    /// call barriers, which it does). Checked at lock acquires.
+    pub(crate) fn check_consistency_data(&mut self) -> Result<(), ProtocolError> {
+        let bytes = self.reclaimable_bytes();
+        if bytes > self.cfg.consistency_limit {
+            return Err(ProtocolError::ConsistencyLimit { bytes, limit: self.cfg.consistency_limit });
+        }
         let overdue = self.cfg.gc_threshold.saturating_mul(OVERDUE_FACTOR);
-        if !self.gc_warned && self.reclaimable_bytes() > overdue {
-            self.gc_warned = true;
+        if bytes > overdue && bytes > self.gc_warned_at.saturating_mul(2) {
+            self.gc_warned_at = bytes;
+            let limit = match self.cfg.consistency_limit {
+                u64::MAX => String::new(),
+                limit => format!(" (the job fails at {limit} bytes)"),
+            };
             self.warnings.push_back(format!(
-                "consistency data is {} bytes, {OVERDUE_FACTOR} times the collection threshold of {} \
-                 bytes, and only a barrier collects it: a program that synchronizes with locks alone \
-                 should call Tmk::collect() (a collective) or a barrier now and then",
-                self.consistency_bytes(),
+                "consistency data is {bytes} bytes{limit}, over {OVERDUE_FACTOR} times the collection \
+                 threshold of {} bytes, and only a barrier collects it: a program that synchronizes \
+                 with locks alone should call Tmk::collect() (a collective) or a barrier now and then",
                 self.cfg.gc_threshold
             ));
         }
+        Ok(())
     }
 
     /// Like [`Node::request_barrier`], and the barrier collects whatever the threshold says.
@@ -215,7 +226,7 @@ impl<M: PageMemory> Node<M> {
         self.stats.collections += 1;
         self.stats.gc_bytes_reclaimed += before.saturating_sub(self.consistency_bytes());
         self.gc_force = false;
-        self.gc_warned = false;
+        self.gc_warned_at = 0;
         self.finish_barrier(round.barrier);
         Ok(())
     }

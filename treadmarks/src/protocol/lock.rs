@@ -137,7 +137,7 @@ impl<M: PageMemory> Node<M> {
         if !self.token_here(lock) {
             return Ok(false);
         }
-        self.warn_if_collection_overdue();
+        self.check_consistency_data()?;
         self.lock_history.record(lock);
         self.take_token_here(lock);
         Ok(true)
@@ -155,7 +155,7 @@ impl<M: PageMemory> Node<M> {
     pub fn request_acquire(&mut self, lock: LockId) -> Result<(), ProtocolError> {
         self.check_lock(lock)?;
         self.begin("acquire")?;
-        self.warn_if_collection_overdue();
+        self.check_consistency_data()?;
         if self.locks[lock.idx()].held {
             return Err(ProtocolError::AlreadyHeld { lock });
         }

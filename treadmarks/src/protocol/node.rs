@@ -49,6 +49,10 @@ pub struct NodeConfig {
     pub back_heap: bool,
     /// A view that would fetch at least this many pages streams (`stream.rs`); 0: none does.
     pub stream_min_pages: usize,
+    /// Consistency data (bytes, as the collection threshold counts it) past which a lock
+    /// acquire fails instead of letting a program that never collects run the machine out of
+    /// memory (`gc.rs`); `u64::MAX`: no limit.
+    pub consistency_limit: u64,
 }
 
 /// Completion of the application's pending request.
@@ -163,7 +167,9 @@ pub struct Node<M> {
     /// The application asked the next barrier to collect.
     pub(crate) gc_force: bool,
     /// Whether we already warned that the threshold passed with no barrier in sight.
-    pub(crate) gc_warned: bool,
+    /// The consistency data last warned about (0: none since the last collection), so that
+    /// each doubling past the overdue mark is said once (`gc.rs`).
+    pub(crate) gc_warned_at: u64,
     pub(crate) warnings: VecDeque<String>,
     pub(crate) outbox: VecDeque<(NodeId, Message)>,
     pub(crate) done: VecDeque<AppDone>,
@@ -211,7 +217,7 @@ impl<M: PageMemory> Node<M> {
             gc: None,
             gc_done: vec![false; n],
             gc_force: false,
-            gc_warned: false,
+            gc_warned_at: 0,
             warnings: VecDeque::new(),
             outbox: VecDeque::new(),
             done: VecDeque::new(),

@@ -46,6 +46,7 @@ impl Net {
                     lock_bundle,
                     back_heap: true,
                     stream_min_pages: 0,
+                    consistency_limit: u64::MAX,
                 };
                 let access = if n == 1 { Access::ReadWrite } else { Access::Read };
                 Node::new(cfg, VecMemory::new(npages, PAGE, access))
@@ -161,21 +162,62 @@ fn the_collection_warning_comes_only_where_no_barrier_collects() {
         for node in &mut net.nodes {
             node.cfg.gc_threshold = threshold;
         }
-        let (mut warnings, mut over) = (0, false);
+        let mut over = false;
+        let mut warned: Vec<Vec<u64>> = vec![Vec::new(); 2];
         for round in 0..40 {
             grant_round(&mut net, round);
             over |= net.nodes.iter().any(|n| n.reclaimable_bytes() > threshold);
-            for node in &mut net.nodes {
-                warnings += std::iter::from_fn(|| node.poll_warning()).count();
+            for (node, sizes) in net.nodes.iter_mut().zip(&mut warned) {
+                // "consistency data is <bytes> bytes, ..."
+                sizes.extend(std::iter::from_fn(|| node.poll_warning()).map(|w| {
+                    w.split(' ')
+                        .nth(3)
+                        .and_then(|b| b.parse::<u64>().ok())
+                        .expect("the size leads the warning")
+                }));
             }
             if barriers && round % 4 == 3 {
                 net.barrier();
             }
         }
         assert!(over, "the data passed the threshold between barriers");
-        assert_eq!(warnings, if barriers { 0 } else { 2 }, "barriers: {barriers}");
+        for sizes in &warned {
+            if barriers {
+                assert!(sizes.is_empty(), "{sizes:?}");
+            } else {
+                // Said once past twice the threshold, then again at every doubling.
+                assert!(sizes.len() >= 2 && sizes[0] > 2 * threshold, "{sizes:?}");
+                assert!(sizes.windows(2).all(|w| w[1] > 2 * w[0]), "{sizes:?}");
+            }
+        }
         assert_eq!(net.nodes[0].stats().collections > 0, barriers);
     }
+    // Past its limit, a node that never collects fails its next acquire, naming the bytes.
+    let mut net = Net::new(2);
+    for node in &mut net.nodes {
+        node.cfg.consistency_limit = 10 * growth;
+    }
+    let mut round = 0;
+    let e = loop {
+        round += 1;
+        assert!(round < 100, "the limit was never reached");
+        let i = round % 2;
+        if let Err(e) = net.nodes[i].request_acquire(LockId(0)) {
+            break e;
+        }
+        net.settle();
+        assert_eq!(net.done(i), Some(AppDone::Acquired(LockId(0))));
+        net.write(i, 1 + i as u32, round % 64, round as u8 | 1);
+        net.nodes[i].request_release(LockId(0)).unwrap();
+        net.settle();
+    };
+    assert!(
+        matches!(e, ProtocolError::ConsistencyLimit { bytes, limit } if bytes > limit && limit == 10 * growth)
+    );
+    assert!(
+        e.to_string().contains("TMK_CONSISTENCY_LIMIT") && e.to_string().contains("Tmk::collect()"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -254,6 +254,7 @@ impl Sim {
                     lock_bundle: s.lock_bundle,
                     back_heap: true,
                     stream_min_pages: s.stream_min_pages,
+                    consistency_limit: u64::MAX,
                 };
                 let node = Node::new(cfg, VecMemory::new(npages, PAGE, access));
                 SimNode { node, prog, pc: 0, blocked: false, fast_twins: Vec::new(), exited: false }
