@@ -40,10 +40,12 @@ pub struct Plan {
     pub args: BTreeMap<&'static str, Vec<String>>,
     pub bin: PathBuf,
     pub out: PathBuf,
+    /// How long one run may take before its process group is killed (`--timeout SECS`).
+    pub timeout: std::time::Duration,
 }
 
 const USAGE: &str = "usage: tmk-bench [--apps a,b|all] [--nodes 1,2,4] [--reps N] [--small] \
-                     [--args 'APP=FLAGS']... [--bin DIR] [--out DIR]";
+                     [--args 'APP=FLAGS']... [--bin DIR] [--out DIR] [--timeout SECS]";
 
 fn usage(msg: &str) -> ! {
     eprintln!("tmk-bench: {msg}\n{USAGE}");
@@ -59,6 +61,7 @@ fn parse() -> Plan {
         args: BTreeMap::new(),
         bin: std::env::current_exe().ok().and_then(|p| p.parent().map(PathBuf::from)).unwrap_or_default(),
         out: PathBuf::from("target/tmk-bench"),
+        timeout: std::time::Duration::from_secs(600),
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -73,6 +76,14 @@ fn parse() -> Plan {
                             apps::find(name).unwrap_or_else(|| usage(&format!("unknown app {name:?}")))
                         })
                         .collect();
+                    if let Some(twice) = plan
+                        .apps
+                        .iter()
+                        .enumerate()
+                        .find(|(i, a)| plan.apps[..*i].iter().any(|b| b.name == a.name))
+                    {
+                        usage(&format!("app {:?} named twice", twice.1.name))
+                    }
                 }
             }
             "--nodes" => {
@@ -84,10 +95,25 @@ fn parse() -> Plan {
                             .filter(|&n| n > 0)
                             .unwrap_or_else(|| usage(&format!("bad node count {n:?}")))
                     })
-                    .collect()
+                    .collect();
+                if let Some(twice) = plan.nodes.iter().enumerate().find(|(i, n)| plan.nodes[..*i].contains(n))
+                {
+                    usage(&format!("node count {} named twice", twice.1))
+                }
             }
             "--reps" => {
-                plan.reps = value().parse().ok().filter(|&r| r > 0).unwrap_or_else(|| usage("bad --reps"))
+                let v = value();
+                plan.reps =
+                    v.parse().ok().filter(|&r| r > 0).unwrap_or_else(|| usage(&format!("bad --reps {v:?}")))
+            }
+            "--timeout" => {
+                let v = value();
+                let secs: u64 = v
+                    .parse()
+                    .ok()
+                    .filter(|&s| s > 0)
+                    .unwrap_or_else(|| usage(&format!("bad --timeout {v:?}")));
+                plan.timeout = std::time::Duration::from_secs(secs);
             }
             "--small" => plan.small = true,
             "--args" => {
@@ -112,6 +138,14 @@ fn parse() -> Plan {
 
 fn main() -> ExitCode {
     let plan = parse();
+    // Where the results go is checked before anything runs, not after.
+    if let Err(e) = std::fs::create_dir_all(&plan.out).and_then(|()| {
+        let probe = plan.out.join(".tmk-bench-probe");
+        std::fs::write(&probe, b"")?;
+        std::fs::remove_file(probe)
+    }) {
+        usage(&format!("cannot write results to {}: {e}", plan.out.display()))
+    }
     let results = match run::run_all(&plan) {
         Ok(r) => r,
         Err(e) => {

@@ -6,8 +6,9 @@ use crate::svg;
 use std::fmt::Write;
 use std::path::Path;
 
+/// Seconds to the millisecond, or to 10 µs under 0.1 s (small sizes run in microseconds).
 fn secs(c: &Cell) -> String {
-    c.secs.map_or("-".into(), |s| format!("{s:.3}"))
+    c.secs.map_or("-".into(), |s| if s >= 0.1 { format!("{s:.3}") } else { format!("{s:.5}") })
 }
 
 fn stat(c: &Cell, k: &str) -> f64 {
@@ -100,9 +101,12 @@ pub fn table(results: &[AppResult]) -> String {
             let thr = &r.threads[&n];
             let msgs = stat(dsm, "msgs_sent");
             let per_iter = iterations(r).map_or("-".into(), |i| format!("{:.0}", msgs / i as f64));
+            // A cell with no good run has no statistics: "-", not zeros.
+            let num = |v: f64, digits: usize| dsm.secs.map_or("-".into(), |_| format!("{v:.digits$}"));
+            let per_iter = if dsm.secs.is_some() { per_iter } else { "-".into() };
             let _ = writeln!(
                 s,
-                "{:<9} {:>2} {:>8} {:>8} {:>8} {:>7} {:>9} {:>11} {:>9.0} {:>11.0} {:>9} {:>7.0} {:>8.0} {:>9.1} {:>9.1}",
+                "{:<9} {:>2} {:>8} {:>8} {:>8} {:>7} {:>9} {:>11} {:>9} {:>11} {:>9} {:>7} {:>8} {:>9} {:>9}",
                 r.app.name,
                 n,
                 secs(&r.seq),
@@ -111,13 +115,13 @@ pub fn table(results: &[AppResult]) -> String {
                 fmt_ratio(ratio(r.seq.secs, dsm.secs)),
                 fmt_ratio(ratio(dsm.secs, thr.secs)),
                 fmt_target(target(r, n)),
-                msgs,
-                stat(dsm, "bytes_sent"),
+                num(msgs, 0),
+                num(stat(dsm, "bytes_sent"), 0),
                 per_iter,
-                stat(dsm, "diffs_created"),
-                stat(dsm, "write_faults") + stat(dsm, "read_misses"),
-                stat(dsm, "lock_wait_ms"),
-                stat(dsm, "barrier_wait_ms"),
+                num(stat(dsm, "diffs_created"), 0),
+                num(stat(dsm, "write_faults") + stat(dsm, "read_misses"), 0),
+                num(stat(dsm, "lock_wait_ms"), 1),
+                num(stat(dsm, "barrier_wait_ms"), 1),
             );
         }
         if r.failures > 0 {
@@ -255,7 +259,8 @@ pub fn write_files(out: &Path, results: &[AppResult]) -> std::io::Result<()> {
         groups.push(r.app.name.to_string());
         for (&n, dsm) in &r.dsm {
             let name = format!("n={n}");
-            let value = ratio(dsm.secs, r.threads[&n].secs).unwrap_or(0.0);
+            // A cell that failed has no bar (a zero would read as no overhead at all).
+            let Some(value) = ratio(dsm.secs, r.threads[&n].secs) else { continue };
             match bars.iter_mut().find(|b| b.name == name) {
                 Some(b) => b.points.push(((groups.len() - 1) as f64, value)),
                 None => bars.push(svg::Series { name, points: vec![((groups.len() - 1) as f64, value)] }),

@@ -3,14 +3,10 @@
 use crate::Plan;
 use crate::apps::AppSpec;
 use std::collections::BTreeMap;
-use std::io::Write;
+use std::io::{IsTerminal, Read, Write};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
-use std::time::Duration;
-
-/// How long one run may take before it is killed.
-const RUN_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Median time and summed DSM statistics of one (app, mode, nodes) cell.
 #[derive(Debug, Clone, Default)]
@@ -86,27 +82,51 @@ fn run_one(plan: &Plan, app: &AppSpec, size: &Size, mode: &str, n: usize) -> Res
     let mut cmd = Command::new(&exe);
     cmd.args(["--mode", mode, "-n", &n.to_string()]).args(size.flags(app));
     cmd.env("TMK_STATS", "json").stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
-    let child = cmd.spawn().map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
+    let mut child = cmd.spawn().map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
+    // The app leads a process group of its own, with the nodes or helpers it starts.
     let pgid = child.id() as i32;
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let out_reader = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let err_reader = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
+        let _ = tx.send(child.wait());
     });
-    let out = match rx.recv_timeout(RUN_TIMEOUT) {
-        Ok(out) => out.map_err(|e| e.to_string())?,
+    let waited = rx.recv_timeout(plan.timeout);
+    // Nothing of a run outlives it: a straggler would hold the pipes open (and the readers with
+    // them) and take CPU from the next run.
+    kill_group(pgid);
+    let status = match waited {
+        Ok(status) => status.map_err(|e| e.to_string())?,
         Err(_) => {
-            // The run hangs: kill its whole process group (the app and the nodes it started).
-            let _ = Command::new("kill").args(["-KILL", &format!("-{pgid}")]).status();
-            return Err(format!("no result within {RUN_TIMEOUT:?}; killed"));
+            let _ = rx.recv();
+            return Err(format!("no result within {:?}; killed", plan.timeout));
         }
     };
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = out_reader.join().unwrap_or_default();
+    let stderr = err_reader.join().unwrap_or_default();
+    let (stdout, stderr) = (String::from_utf8_lossy(&stdout), String::from_utf8_lossy(&stderr));
     let result = stdout.lines().find_map(|l| l.strip_prefix("RESULT "));
     let passed = stdout.lines().any(|l| l.trim() == "PASS");
-    let (Some(result), true, true) = (result, passed, out.status.success()) else {
-        let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
-        return Err(format!("{} ({})", out.status, tail.into_iter().rev().collect::<Vec<_>>().join(" | ")));
+    let (Some(result), true, true) = (result, passed, status.success()) else {
+        let missing = match (result.is_some(), passed) {
+            (false, _) => "no RESULT line; ",
+            (true, false) => "no PASS; ",
+            _ => "",
+        };
+        let tail: Vec<&str> = stderr.lines().chain(stdout.lines()).rev().take(5).collect();
+        return Err(format!(
+            "{missing}{status} ({})",
+            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+        ));
     };
     let field = |k: &str| result.split(' ').find_map(|f| f.strip_prefix(&format!("{k}=")));
     let secs = field("secs").and_then(|s| s.parse().ok()).ok_or("RESULT line without secs")?;
@@ -122,6 +142,26 @@ fn run_one(plan: &Plan, app: &AppSpec, size: &Size, mode: &str, n: usize) -> Res
         }
     }
     Ok(One { secs, stats, detail })
+}
+
+/// Kills process group `pgid` (a run's app and whatever it started), if any of it is left.
+fn kill_group(pgid: i32) {
+    // Never 0 or 1 (this process's group, every process): a child's pid is neither.
+    if pgid > 1 {
+        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
+/// Progress on standard error, rewritten in place on a terminal and a line each elsewhere, so
+/// that the table on standard output stays clean.
+fn progress(line: &str, last: bool) {
+    let mut err = std::io::stderr().lock();
+    let _ = if err.is_terminal() {
+        write!(err, "\r\x1b[K{line}{}", if last { "\n" } else { "" })
+    } else {
+        writeln!(err, "{line}")
+    };
+    let _ = err.flush();
 }
 
 /// The runs of one (mode, nodes) cell.
@@ -173,8 +213,7 @@ pub fn run_all(plan: &Plan) -> Result<Vec<AppResult>, String> {
         for rep in 0..plan.reps {
             for (&(mode, n), cell_runs) in cells.iter().zip(&mut runs) {
                 step += 1;
-                print!("\r[{step}/{total}] {} {mode} n={n} rep {} ...{:20}", app.name, rep + 1, "");
-                let _ = std::io::stdout().flush();
+                progress(&format!("[{step}/{total}] {} {mode} n={n} rep {} ...", app.name, rep + 1), false);
                 match run_one(plan, app, &size, mode, n) {
                     Ok(one) => {
                         if mode == "seq" {
@@ -184,7 +223,7 @@ pub fn run_all(plan: &Plan) -> Result<Vec<AppResult>, String> {
                     }
                     Err(e) => {
                         cell_runs.failures += 1;
-                        println!("\r[{step}/{total}] {} {mode} n={n}: FAILED: {e}", app.name);
+                        progress(&format!("[{step}/{total}] {} {mode} n={n}: FAILED: {e}", app.name), true);
                     }
                 }
             }
@@ -202,6 +241,6 @@ pub fn run_all(plan: &Plan) -> Result<Vec<AppResult>, String> {
         }
         results.push(AppResult { app, size, seq, threads, dsm, mp, failures, detail });
     }
-    println!("\r{:70}", "");
+    progress(&format!("[{step}/{total}] done"), true);
     Ok(results)
 }

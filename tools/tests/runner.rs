@@ -115,9 +115,18 @@ fn bad_arguments_and_missing_apps_are_refused_by_name() {
         assert!(text(&out).contains(says), "{}", text(&out));
     }
 
-    let out = bench().args(["--nodes", "0"]).output().expect("tmk-bench runs");
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    assert!(text(&out).contains("bad node count \"0\""), "{}", text(&out));
+    for (args, says) in [
+        (&["--nodes", "0"][..], "bad node count \"0\""),
+        (&["--nodes", "1,2,1"][..], "node count 1 named twice"),
+        (&["--apps", "is,lu,is"][..], "app \"is\" named twice"),
+        (&["--reps", "0"][..], "bad --reps \"0\""),
+        (&["--timeout", "soon"][..], "bad --timeout \"soon\""),
+        (&["--out", "/proc/version/results"][..], "cannot write results to /proc/version/results"),
+    ] {
+        let out = bench().args(args).output().expect("tmk-bench runs");
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
+        assert!(text(&out).contains(says), "{args:?} should say {says:?}: {}", text(&out));
+    }
 
     let empty = Scratch::new("nobin");
     std::fs::create_dir_all(&empty.0).expect("scratch directory");
@@ -127,4 +136,57 @@ fn bad_arguments_and_missing_apps_are_refused_by_name() {
 
     let out = bench().arg("--help").output().expect("tmk-bench runs");
     assert!(out.status.success() && text(&out).contains("usage: tmk-bench"), "{}", text(&out));
+}
+
+/// A fake app: a shell script named `name` in `dir`.
+fn fake_app(dir: &Path, name: &str, script: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{script}\n")).expect("write a fake app");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("make it executable");
+}
+
+#[test]
+fn runs_that_hang_or_leave_processes_behind_are_killed_whole() {
+    let scratch = Scratch::new("fakes");
+    let (bin, out_dir, pids) = (scratch.0.join("bin"), scratch.0.join("out"), scratch.0.join("pids"));
+    std::fs::create_dir_all(&bin).expect("a bin directory");
+    // `is` passes, leaving a process behind that holds nothing; `lu` hangs.
+    fake_app(
+        &bin,
+        "is",
+        "sleep 300 >/dev/null 2>&1 &\necho $! >> \"$PIDS\"\n\
+         echo 'RESULT app=is mode=x nprocs=1 secs=0.001 detail=\"fake\"'\necho PASS",
+    );
+    fake_app(&bin, "lu", "echo $$ >> \"$PIDS\"\nexec sleep 300");
+    let out = bench()
+        .args(["--apps", "is,lu", "--nodes", "1", "--reps", "1", "--timeout", "2", "--bin"])
+        .arg(&bin)
+        .arg("--out")
+        .arg(&out_dir)
+        .env("PIDS", &pids)
+        .output()
+        .expect("tmk-bench runs");
+    let (stdout, all) = (String::from_utf8_lossy(&out.stdout).to_string(), text(&out));
+    assert_eq!(out.status.code(), Some(1), "lu failed: {all}");
+    assert!(all.contains("lu seq n=1: FAILED: no result within 2s; killed"), "{all}");
+    assert!(stdout.contains("lu           3 FAILED RUNS"), "{all}");
+    // A failed DSM cell shows no statistics, not zeros; the progress stays off the table.
+    let row = stdout.lines().find(|l| l.starts_with("lu ")).unwrap_or_else(|| panic!("no lu row: {all}"));
+    assert!(row.split_whitespace().skip(2).all(|f| f == "-"), "{row}");
+    assert!(!stdout.contains("[1/6]"), "{all}");
+    // Nothing any run started outlives it: 3 stragglers of `is`, 3 hung `lu`s.
+    let pids: Vec<i32> = std::fs::read_to_string(&pids)
+        .expect("the fakes wrote their pids")
+        .lines()
+        .map(|l| l.trim().parse().expect("a pid"))
+        .collect();
+    assert_eq!(pids.len(), 6, "{pids:?}");
+    let alive = |pid: i32| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while pids.iter().any(|&p| alive(p)) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let left: Vec<i32> = pids.iter().copied().filter(|&p| alive(p)).collect();
+    assert!(left.is_empty(), "still running: {left:?}\n{all}");
 }
