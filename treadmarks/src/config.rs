@@ -24,6 +24,7 @@
 //! | real-time (`SCHED_FIFO`) service thread, so it preempts its own application thread at once (needs privilege; ignored without) | `TMK_SERVICE_RT=1` / `TMK_SERVICE_RT=0` | | as pinning |
 //! | how long the service thread polls its sockets, instead of sleeping, while the application waits for an answer | `TMK_SERVICE_SPIN_US` (µs) | | 1000 when pinned with a CPU to each node of the job, else 0 |
 //! | fault backend | `TMK_FAULTS` (`auto`, `uffd`, `mprotect`) | | `auto`: userfaultfd if the kernel offers it |
+//! | pages a view of one range must fetch to stream (return before its pages are in) | `TMK_STREAM_MIN_PAGES` (0 turns it off) | | 64 |
 //!
 //! Flags win over variables. Flags this module does not know are left for the application.
 //! On/off settings take `1`, `on`, `true` or `yes` and `0`, `off`, `false` or `no`; a value that

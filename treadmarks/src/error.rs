@@ -16,9 +16,6 @@ pub enum Error {
     Transport(#[from] crate::transport::TransportError),
     #[error(transparent)]
     Protocol(#[from] ProtocolError),
-    /// A peer failed or left; the job cannot go on.
-    #[error("{node} failed: {why}")]
-    PeerLost { node: NodeId, why: String },
     /// A node process of this job exited badly.
     #[error("{node} exited with {status}")]
     NodeExited { node: NodeId, status: String },

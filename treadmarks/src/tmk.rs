@@ -32,7 +32,8 @@ const TWIN_AHEAD_MIN_PAGES: usize = 8;
 ///   (Threads inside a node come later.)
 /// - Views ([`Tmk::view`], [`Tmk::view_mut`], and [`Tmk::view_parts`] /
 ///   [`Tmk::view_mut_parts`], which declare only parts of an array) borrow the `Tmk` immutably,
-///   and every synchronization call (`lock`, `unlock`, `barrier`, `exit`) takes it mutably, so a
+///   and every synchronization call (`lock`, `lock_release`, `barrier`, `collect`, `exit`) takes it
+///   mutably, so a
 ///   view cannot outlive the next synchronization and the compiler cannot reuse a value loaded
 ///   before it.
 ///   Overlapping views follow `RefCell` rules, checked at run time ([`Error::View`]).
@@ -267,6 +268,12 @@ impl Tmk {
 
     /// Collective: every node calls it; afterwards every node's `value` is node 0's
     /// (TreadMarks' `Tmk_distribute`). Handles ([`Shared`]) are `Pod` and can be distributed.
+    ///
+    /// It passes a value, not the heap's contents, and it is not a synchronization: node 0
+    /// returns once its value is sent. What node 0 wrote into the heap before it reaches the
+    /// others at the next barrier (or through a lock). Calls pair up in order on every node; a
+    /// node that skips one waits for a value that never comes, and one value node 0 sends that
+    /// nobody takes is not reported.
     pub fn distribute<T: Pod>(&mut self, value: &mut T) -> Result<()> {
         let mine = (self.me == NodeId(0)).then(|| bytemuck::bytes_of(value).to_vec());
         match self.done(Command::Distribute(mine))? {
@@ -286,7 +293,9 @@ impl Tmk {
         Ok(LockGuard { tmk: self, lock: id, released: false })
     }
 
-    /// Acquires lock `id` (TreadMarks' `Tmk_lock_acquire`).
+    /// Acquires lock `id` (TreadMarks' `Tmk_lock_acquire`). Fails, besides on a bad id, when
+    /// this node holds more consistency data than `TMK_CONSISTENCY_LIMIT` allows: a program that
+    /// synchronizes with locks alone must call [`Tmk::collect`] now and then.
     pub fn lock_acquire(&mut self, id: u32) -> Result<()> {
         // A token here costs no wait (and no clock reads: a fifth of a local acquire's time).
         if !self.engine.acquire_here(LockId(id))? {
@@ -324,10 +333,12 @@ impl Tmk {
         r.map(drop)
     }
 
-    /// Collective: a barrier that also collects consistency data (interval records, write
-    /// notices, diffs, twins) whatever the threshold says. Barriers collect by themselves when a
-    /// node passes `TMK_GC_THRESHOLD`; programs that synchronize only with locks call this now
-    /// and then (a node warns once when its data passes the threshold with no barrier).
+    /// Collective: a barrier (it is barrier 0, so every node must call `collect` where the
+    /// others do) that also collects consistency data (interval records, write notices, diffs,
+    /// twins) whatever the threshold says. Barriers collect by themselves when a node passes
+    /// `TMK_GC_THRESHOLD`; programs that synchronize only with locks call this now and then (a
+    /// node warns when its data reaches twice the threshold with no barrier, and again at every
+    /// doubling; its lock acquires fail past `TMK_CONSISTENCY_LIMIT`).
     pub fn collect(&mut self) -> Result<()> {
         let t = Instant::now();
         let r = self.done(Command::Collect(BarrierId(0)));
@@ -502,7 +513,7 @@ impl Tmk {
     }
 
     /// Raw pointer to the first element, for TreadMarks-style code. Dereferencing it is the
-    /// caller's `unsafe`; see the module docs for the rules.
+    /// caller's `unsafe`; the rules are in [`Tmk`]'s docs.
     pub fn ptr<T>(&self, h: &Shared<[T]>) -> *mut T {
         self.heap.app_base().wrapping_add(h.offset() as usize).cast()
     }
@@ -522,7 +533,9 @@ impl Tmk {
 
     /// Orderly end of the job: waits until every node has called `exit`, prints statistics if
     /// asked (`TMK_STATS=1`), and on node 0 of a local job reaps the other nodes, reporting any
-    /// that failed.
+    /// that failed. Required: a `Tmk` dropped without it fails the job (its peers are told that
+    /// its application left without calling exit). Exiting while holding a lock is an error
+    /// ([`ProtocolError::ExitHolding`](crate::protocol::ProtocolError::ExitHolding)).
     pub fn exit(mut self) -> Result<()> {
         self.exit_inner().map(drop)
     }
@@ -581,8 +594,8 @@ pub struct LockGuard<'a> {
 }
 
 impl LockGuard<'_> {
-    /// Releases the lock, returning any error (dropping the guard releases too, but can only
-    /// report an error by failing the job on the next call).
+    /// Releases the lock, returning any error (dropping the guard releases too, and can only
+    /// print an error: the lock already released through the guard's `Tmk`, say).
     pub fn unlock(mut self) -> Result<()> {
         self.released = true;
         self.tmk.lock_release(self.lock)

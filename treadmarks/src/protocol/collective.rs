@@ -105,6 +105,10 @@ impl<M: PageMemory> Node<M> {
     /// The application is done; completes with [`AppDone::Exited`] once every node is done.
     pub fn request_exit(&mut self) -> Result<(), ProtocolError> {
         self.begin("exit")?;
+        // A lock held at exit would keep everybody who asks for it next waiting forever.
+        if let Some(&lock) = self.held_locks.first() {
+            return Err(ProtocolError::ExitHolding { lock });
+        }
         self.pending = Pending::Exit;
         self.outbox.push_back((ROOT, Message::ExitArrive));
         self.deliver_local()

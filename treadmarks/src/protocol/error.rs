@@ -48,6 +48,9 @@ pub enum ProtocolError {
          with locks alone must call one now and then"
     )]
     ConsistencyLimit { bytes: u64, limit: u64 },
+    /// Exit while the application holds a lock, which nobody else could take again.
+    #[error("exit while holding {lock}: release it first (the next node to ask for it would wait forever)")]
+    ExitHolding { lock: LockId },
     /// The application asked for something while another request is pending.
     #[error("{what} requested while another request is still pending")]
     Busy { what: &'static str },

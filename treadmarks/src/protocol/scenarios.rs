@@ -695,6 +695,21 @@ fn an_arrival_at_an_unknown_barrier_or_a_stray_gc_done_is_an_error() {
     assert!(e.contains("unexpected gc done from node 1"), "{e}");
 }
 
+/// Exit while holding a lock is refused, naming the lock: the next node to ask for it would wait
+/// forever.
+#[test]
+fn exit_while_holding_a_lock_is_an_error() {
+    let mut net = Net::new(2);
+    net.nodes[1].request_acquire(LockId(0)).unwrap();
+    net.settle();
+    assert_eq!(net.done(1), Some(AppDone::Acquired(LockId(0))));
+    let e = net.nodes[1].request_exit().unwrap_err();
+    assert_eq!(e, ProtocolError::ExitHolding { lock: LockId(0) });
+    assert!(e.to_string().contains("exit while holding lock 0"), "{e}");
+    net.nodes[1].request_release(LockId(0)).unwrap();
+    net.nodes[1].request_exit().unwrap();
+}
+
 /// A view naming a page twice asks for it once and completes.
 #[test]
 fn a_view_naming_a_page_twice_fetches_it_once() {
