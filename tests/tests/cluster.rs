@@ -100,6 +100,20 @@ fn a_node_whose_application_returns_an_error_tells_the_others_why() {
 }
 
 #[test]
+fn a_failed_jobs_service_thread_waits_idle_for_the_exit() {
+    for (backend, out) in run("quiet-after-peer-death", 2, 21).iter() {
+        let ticks: u64 = out
+            .stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("SERVICE_CPU_TICKS "))
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{backend}: node 0 printed no tick count: {out:#?}"));
+        // A spinning thread takes ~100 ticks a second (it took 97% of a CPU); an idle one none.
+        assert!(ticks < 30, "{backend}: the service thread used {ticks} ticks in a second: {out:#?}");
+    }
+}
+
+#[test]
 fn a_node_blocked_in_a_fault_inside_eprintln_still_reports_and_exits() {
     for (backend, out) in run("fault-in-eprintln", 2, 19).iter() {
         assert_eq!(out.code, Some(1), "{backend}: {out:#?}");

@@ -402,6 +402,37 @@ fn kill(tmk: &mut Tmk) -> R {
     Err(Error::Failed("the job went on without node 2".into()))
 }
 
+/// Node 1 dies after the barrier; node 0, computing (asleep) meanwhile, prints how much CPU its
+/// service thread used in the second after it learned of the death: a failed job must leave it
+/// idle until the node exits, not spinning.
+fn quiet_after_peer_death(tmk: &mut Tmk) -> R {
+    tmk.barrier(0)?;
+    if tmk.proc_id() == 1 {
+        std::process::exit(3);
+    }
+    // Time for node 1 to die and its connection to be seen gone.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let before = service_cpu_ticks();
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    println!("SERVICE_CPU_TICKS {}", service_cpu_ticks() - before);
+    Ok(())
+}
+
+/// User and system CPU ticks of this process's service thread (`/proc/self/task/*/stat`).
+fn service_cpu_ticks() -> u64 {
+    let mut ticks = 0;
+    for task in std::fs::read_dir("/proc/self/task").into_iter().flatten().flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else { continue };
+        // "pid (comm) state ... utime stime ...": fields 14 and 15, counted after the comm.
+        let Some((comm, rest)) = stat.split_once(") ") else { continue };
+        if comm.contains("tmk-service") {
+            let fields: Vec<&str> = rest.split(' ').collect();
+            ticks += fields[11].parse::<u64>().unwrap_or(0) + fields[12].parse::<u64>().unwrap_or(0);
+        }
+    }
+    ticks
+}
+
 /// Node 2 gives up with an error after the first barrier (its `Tmk` dropped without exiting);
 /// the others must fail fast, saying so.
 fn give_up(tmk: &mut Tmk) -> R {
@@ -679,6 +710,7 @@ fn main() -> ExitCode {
             "push" => push(&mut tmk),
             "kill" => kill(&mut tmk),
             "give-up" => give_up(&mut tmk),
+            "quiet-after-peer-death" => quiet_after_peer_death(&mut tmk),
             "fault-in-eprintln" => fault_in_eprintln(&mut tmk),
             "errors" => errors(&mut tmk),
             "gc-long" => gc_long(&mut tmk),

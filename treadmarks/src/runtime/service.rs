@@ -148,6 +148,9 @@ impl Service {
         let doorbell = register_service_fd(self.mailbox.doorbell.clone())
             .expect("register the doorbell eventfd with tokio");
         let mut deadline: Option<tokio::time::Instant> = None;
+        // Once every link's reader has ended, the channel answers `None` at once, forever: it
+        // is left out of the select, or this loop would spin a CPU until the exit.
+        let mut events_open = true;
         while !self.exited && !self.shutdown {
             // Work the node left for after its messages went out (the pushes planned at a
             // barrier arrival, which the arrival, already written, announced).
@@ -163,9 +166,12 @@ impl Service {
             }
             let polling = self.polling();
             tokio::select! {
-                ev = events.recv() => match ev {
+                ev = events.recv(), if events_open => match ev {
                     Some(ev) => self.on_link(ev),
-                    None => self.fail("all connections are gone".into()),
+                    None => {
+                        events_open = false;
+                        self.fail("all connections are gone".into());
+                    }
                 },
                 ready = doorbell.readable() => {
                     if let Ok(mut guard) = ready {

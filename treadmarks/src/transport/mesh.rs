@@ -130,9 +130,35 @@ pub fn connect_mesh(cfg: &MeshConfig, root_listener: Option<TcpListener>) -> Res
             addr: peer_addr_or_unspecified(stream),
             source,
         })?;
+        detect_dead_peers(stream).map_err(|source| TransportError::Io {
+            op: "set keepalive on the connection to",
+            addr: peer_addr_or_unspecified(stream),
+            source,
+        })?;
     }
     tracing::debug!(rank = %cfg.rank, nprocs = cfg.nprocs, "mesh complete");
     Ok(Mesh { rank: cfg.rank, nprocs: cfg.nprocs, peers })
+}
+
+/// Seconds a link may go silent before the kernel probes it, then between probes; probes
+/// unanswered before it is declared dead.
+const KEEPALIVE: (u32, u32, u32) = (10, 5, 3);
+
+/// Makes a peer whose host dies, or a network that partitions, without a reset an error within
+/// about half a minute, instead of a job that waits forever: TCP keepalive probes a silent link,
+/// and data left unacknowledged for as long fails the connection (`TCP_USER_TIMEOUT`). Either
+/// way the link's reader gets an error, which names the peer.
+fn detect_dead_peers(stream: &TcpStream) -> std::io::Result<()> {
+    use nix::sys::socket::{setsockopt, sockopt};
+    let (idle, interval, count) = KEEPALIVE;
+    let set = || -> nix::Result<()> {
+        setsockopt(stream, sockopt::KeepAlive, &true)?;
+        setsockopt(stream, sockopt::TcpKeepIdle, &idle)?;
+        setsockopt(stream, sockopt::TcpKeepInterval, &interval)?;
+        setsockopt(stream, sockopt::TcpKeepCount, &count)?;
+        setsockopt(stream, sockopt::TcpUserTimeout, &((idle + interval * count) * 1000))
+    };
+    set().map_err(std::io::Error::from)
 }
 
 /// A peer that sent its Hello to the root.
@@ -649,6 +675,11 @@ mod tests {
                         };
                         assert!(stream.nodelay().unwrap());
                         assert_eq!(stream.read_timeout().unwrap(), None);
+                        // A silent peer is probed, and one that stops acknowledging fails.
+                        use nix::sys::socket::{getsockopt, sockopt};
+                        assert!(getsockopt(&*stream, sockopt::KeepAlive).unwrap());
+                        assert_eq!(getsockopt(&*stream, sockopt::TcpKeepIdle).unwrap(), KEEPALIVE.0);
+                        assert!(getsockopt(&*stream, sockopt::TcpUserTimeout).unwrap() > 0);
                         let to = NodeId(j as u16);
                         let mut out = Vec::new();
                         encode_frame(&Probe { from: me, to, body: body(me.0, to.0) }, &mut out).unwrap();
