@@ -16,8 +16,9 @@
 //!
 //! Failure: a peer that dies, leaves early or sends garbage, or a protocol error, fails the job.
 //! The application gets an error from its pending or next call; if it is blocked in a page fault
-//! (where no error can be returned) the node prints why and exits with status 1; if it computes
-//! without calling into the runtime, the node exits the same way after a grace period.
+//! (where no error can be returned) the node prints why and exits with status 1 once its abort
+//! is on its way to the peers ([`ABORT_FLUSH`]); if it computes without calling into the
+//! runtime, the node exits the same way after a grace period.
 
 use super::{Command, Mailbox, Reply, SharedNode, lock_node, start};
 use crate::error::Error;
@@ -33,6 +34,9 @@ use tokio::sync::mpsc;
 
 /// How long a node whose job failed waits for its application to notice before exiting.
 const GRACE: Duration = Duration::from_secs(3);
+/// How long a node whose application is blocked in a fault lets its link writers put the abort
+/// on the wire before it exits (`Service::fail`).
+const ABORT_FLUSH: Duration = Duration::from_millis(100);
 /// How long an exiting node waits for its peers' goodbyes.
 const GOODBYE_WAIT: Duration = Duration::from_secs(5);
 
@@ -182,6 +186,9 @@ impl Service {
                 }
                 _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
                     let why = self.failed.clone().unwrap_or_default();
+                    if matches!(self.app, App::InFault(_)) {
+                        fault_exit(self.me, &why);
+                    }
                     crate::report(&format!("treadmarks: {}: exiting: {why}", self.me));
                     std::process::exit(1);
                 }
@@ -190,7 +197,10 @@ impl Service {
             }
             let sent = self.pump();
             if self.failed.is_some() && deadline.is_none() {
-                deadline = Some(tokio::time::Instant::now() + GRACE);
+                // Blocked in a fault, the application can be told nothing: exit once the abort
+                // is out. Otherwise give it the grace period to notice.
+                let wait = if matches!(self.app, App::InFault(_)) { ABORT_FLUSH } else { GRACE };
+                deadline = Some(tokio::time::Instant::now() + wait);
             }
             if sent {
                 // Let the link writers put the frames on the wire before the next event is
@@ -437,6 +447,8 @@ impl Service {
                     started = true;
                     self.answer_started(start(node, cmd));
                 }
+                // A failed job's application stays in its fault until the node exits.
+                AppDone::FaultResolved(_) if self.failed.is_some() => {}
                 AppDone::FaultResolved(_) => {
                     if let App::InFault(t) = self.app {
                         self.stats.miss_wait += t.elapsed();
@@ -477,7 +489,9 @@ impl Service {
             }
         }
         match self.app {
-            App::InFault(_) => fault_exit(self.me, &why),
+            // Exits once the abort is on its way (`run`'s deadline): a peer would otherwise
+            // see only a closed connection.
+            App::InFault(_) => {}
             App::InCommand => self.reply(Err(Error::Failed(why.clone()))),
             App::Running => {}
         }
