@@ -36,6 +36,17 @@ pub enum TransportError {
     #[error("cannot encode a message of 0 bytes: a 0-length frame is the goodbye frame")]
     EmptyMessage,
 
+    /// A handshake message from `addr` that does not decode (garbage, or another program).
+    #[error("bad handshake message from {addr} while trying to {op}: {source}")]
+    BadHandshake {
+        /// What we were doing.
+        op: &'static str,
+        /// Who sent it.
+        addr: std::net::SocketAddr,
+        /// Why it does not decode.
+        source: Box<TransportError>,
+    },
+
     /// A payload could not be deserialized.
     #[error("cannot decode a payload of {len} bytes: {source}")]
     Decode {

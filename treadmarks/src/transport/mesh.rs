@@ -500,7 +500,8 @@ fn recv(
 ) -> Result<Handshake> {
     let mut header = [0; HEADER_LEN];
     read_full(stream, addr, &mut header, deadline, op, &waiting_for)?;
-    let len = match codec::decode_header(header, None)? {
+    let bad = |source| TransportError::BadHandshake { op, addr, source: Box::new(source) };
+    let len = match codec::decode_header(header, None).map_err(bad)? {
         FrameLen::Goodbye => {
             return Err(TransportError::UnexpectedMessage {
                 got: "goodbye frame",
@@ -518,7 +519,7 @@ fn recv(
         payload.resize(at + chunk, 0);
         read_full(stream, addr, &mut payload[at..], deadline, op, &waiting_for)?;
     }
-    codec::decode_payload(&payload)
+    codec::decode_payload(&payload).map_err(bad)
 }
 
 fn read_full(
@@ -819,13 +820,18 @@ mod tests {
         let mut raw = TcpStream::connect(root).unwrap();
         raw.write_all(&[5, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff]).unwrap();
         let err = connect_mesh(&config(2, 0, root, Duration::from_secs(5)), Some(listener)).unwrap_err();
-        assert!(matches!(err, TransportError::Decode { len: 5, .. }), "{err}");
+        // The error names who sent it.
+        let from = raw.local_addr().unwrap();
+        assert!(err.to_string().contains(&format!("from {from}")), "{err}");
+        let TransportError::BadHandshake { source, .. } = err else { panic!("{err}") };
+        assert!(matches!(*source, TransportError::Decode { len: 5, .. }), "{source}");
 
         let (listener, root) = bind_root();
         let mut raw = TcpStream::connect(root).unwrap();
         raw.write_all(&[0xff, 0xff, 0xff, 0xff]).unwrap();
         let err = connect_mesh(&config(2, 0, root, Duration::from_secs(5)), Some(listener)).unwrap_err();
-        assert!(matches!(err, TransportError::FrameTooLarge { .. }), "{err}");
+        let TransportError::BadHandshake { source, .. } = err else { panic!("{err}") };
+        assert!(matches!(*source, TransportError::FrameTooLarge { .. }), "{source}");
     }
 
     #[test]
