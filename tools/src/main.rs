@@ -52,6 +52,11 @@ fn usage(msg: &str) -> ! {
     std::process::exit(2);
 }
 
+/// The first item of `items` that an earlier one equals.
+fn repeated<T: PartialEq>(items: &[T]) -> Option<&T> {
+    items.iter().enumerate().find(|(i, x)| items[..*i].contains(x)).map(|(_, x)| x)
+}
+
 fn parse() -> Plan {
     let mut plan = Plan {
         apps: apps::ALL.iter().collect(),
@@ -76,13 +81,9 @@ fn parse() -> Plan {
                             apps::find(name).unwrap_or_else(|| usage(&format!("unknown app {name:?}")))
                         })
                         .collect();
-                    if let Some(twice) = plan
-                        .apps
-                        .iter()
-                        .enumerate()
-                        .find(|(i, a)| plan.apps[..*i].iter().any(|b| b.name == a.name))
-                    {
-                        usage(&format!("app {:?} named twice", twice.1.name))
+                    let names: Vec<&str> = plan.apps.iter().map(|a| a.name).collect();
+                    if let Some(name) = repeated(&names) {
+                        usage(&format!("app {name:?} named twice"))
                     }
                 }
             }
@@ -96,9 +97,8 @@ fn parse() -> Plan {
                             .unwrap_or_else(|| usage(&format!("bad node count {n:?}")))
                     })
                     .collect();
-                if let Some(twice) = plan.nodes.iter().enumerate().find(|(i, n)| plan.nodes[..*i].contains(n))
-                {
-                    usage(&format!("node count {} named twice", twice.1))
+                if let Some(n) = repeated(&plan.nodes) {
+                    usage(&format!("node count {n} named twice"))
                 }
             }
             "--reps" => {

@@ -151,7 +151,7 @@ impl Stats {
             ("miss_wait_ms", ms(self.miss_wait)),
             ("view_wait_ms", ms(self.view_wait)),
             ("gc_time_ms", ms(self.gc_time)),
-            ("peak_consistency_bytes", p.peak_consistency_bytes.max(self.consistency_bytes) as f64),
+            ("peak_consistency_bytes", p.peak_consistency_bytes as f64),
             ("pages_fetched_whole", p.page_requests_sent as f64),
             ("pages_backed", p.pages_backed as f64),
             ("pages_backed_mapped", p.pages_backed_mapped as f64),
@@ -253,8 +253,7 @@ impl fmt::Display for Stats {
             p.pages_dropped,
             p.page_requests_sent,
             self.consistency_bytes,
-            // The peak is noted at points of the protocol; the current value may be past it.
-            p.peak_consistency_bytes.max(self.consistency_bytes)
+            p.peak_consistency_bytes
         )?;
         writeln!(f, "  {:<16} {:>10} {:>12} {:>10} {:>12}", "message", "sent", "bytes", "received", "bytes")?;
         for (i, k) in MsgKind::ALL.iter().enumerate() {

@@ -491,9 +491,8 @@ impl Heap {
                         libc::MADV_POPULATE_READ
                     };
                     // SAFETY: the range is inside the application view this heap owns, and its pages'
-                    // protection allows the access populating simulates: it maps the memfd pages
-                    // just allocated and changes no byte, so a live view's reference (`view.rs`)
-                    // reads what it read before.
+                    // protection allows the access populating simulates: it maps memfd pages just
+                    // allocated and changes no byte under a live view (`view.rs`).
                     unsafe { libc::madvise(start as *mut libc::c_void, len, advice) == 0 }
                 }
             };
@@ -673,9 +672,8 @@ impl Heap {
         let len = count as usize * self.page_size;
         let start = self.app.as_ptr().wrapping_add(first as usize * self.page_size);
         // SAFETY: the range is inside the application view this heap mapped and owns (checked
-        // above). Views (`view.rs`) hold references into it, but a protection change never
-        // changes the bytes behind them: an access it now forbids faults, and the handler makes
-        // the page accessible (and up to date) before the access completes.
+        // above). A protection change changes no byte under a live view (`view.rs`): an access
+        // it now forbids faults, and is resolved before it completes.
         let rc = unsafe { libc::mprotect(start.cast(), len, state::prot(st)) };
         if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
     }
@@ -725,10 +723,9 @@ impl Heap {
             _ if write_protected(old) && write_protected(new) => Ok(()),
             (_, state::INVALID) => {
                 self.ensure_allocated(first, count).map_err(|e| ("fallocate", e))?;
-                // SAFETY: the range is inside the application view this heap owns (checked
-                // above). MADV_DONTNEED on a shared mapping only drops the PTEs: the memfd keeps
-                // the bytes, and an access through a live view (`view.rs`) faults and is resolved
-                // before it completes; the bytes change only while it waits there.
+                // SAFETY: the range is inside the application view this heap owns (checked above).
+                // MADV_DONTNEED on a shared mapping only drops the PTEs (the memfd keeps the bytes);
+                // an access through a live view (`view.rs`) faults and is resolved before it ends.
                 if unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_DONTNEED) } != 0 {
                     return Err(("madvise(MADV_DONTNEED)", super::sigsafe::errno()));
                 }
@@ -784,9 +781,8 @@ impl Heap {
                 uffd.writeprotect(start, len, false).map_err(|e| ("UFFDIO_WRITEPROTECT", e))?;
             } else if mapped {
                 // SAFETY: the range is inside the application view this heap owns (the caller
-                // checked it). MADV_DONTNEED on a shared mapping only drops the PTEs: the memfd
-                // keeps the bytes, which the mapping below maps again unchanged; an access through
-                // a live view (`view.rs`) in between faults and is resolved before it completes.
+                // checked it). MADV_DONTNEED on a shared mapping only drops the PTEs; the mapping
+                // below maps the memfd's bytes again, and a view's access between faults.
                 if unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_DONTNEED) } != 0 {
                     return Err(("madvise(MADV_DONTNEED)", super::sigsafe::errno()));
                 }

@@ -259,10 +259,9 @@ impl Uffd {
                 range: UffdioRange { start: start as u64, len: len as u64 },
                 mode: if wp { WRITEPROTECT_MODE_WP } else { WRITEPROTECT_MODE_DONTWAKE },
             };
-            // SAFETY: `arg` is a live `uffdio_writeprotect`. The range is inside the registered
-            // application view (the caller's contract). Views (`view.rs`) hold references into
-            // it, but write protection changes no byte: a write it now forbids faults and is
-            // resolved before it completes.
+            // SAFETY: `arg` is a live `uffdio_writeprotect`; the range is inside the registered
+            // application view (the caller's contract). It changes no byte under a live view
+            // (`view.rs`): a write it now forbids faults and is resolved before it completes.
             if unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_WRITEPROTECT, &mut arg) } == 0 {
                 return Ok(());
             }
@@ -304,9 +303,8 @@ impl Uffd {
                 mapped: 0,
             };
             // SAFETY: `arg` is a live `uffdio_continue`; the range is inside the registered
-            // application view and its memfd pages exist (the caller's contract). Mapping a page
-            // changes none of its bytes, so a live view (`view.rs`) reads what the runtime put
-            // there before the mapping.
+            // application view and its memfd pages exist (the caller's contract). Mapping a
+            // page changes none of its bytes under a live view (`view.rs`).
             let rc = unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_CONTINUE, &mut arg) };
             if rc == 0 {
                 return Ok(outcome);

@@ -168,6 +168,7 @@ impl Engine {
                 }
                 if matches!(cmd, Command::Stats) {
                     let mut s = (**stats).clone();
+                    node.note_peak();
                     s.protocol = node.stats().clone();
                     s.consistency_bytes = node.consistency_bytes();
                     return Ok(Reply::Stats(Box::new(s)));

@@ -380,7 +380,9 @@ impl Service {
 
     fn snapshot(&self) -> Stats {
         let mut s = self.stats.clone();
-        let node = self.node();
+        let mut node = self.node();
+        // The peak is noted at points of the protocol; the snapshot's own value counts too.
+        node.note_peak();
         s.protocol = node.stats().clone();
         s.consistency_bytes = node.consistency_bytes();
         drop(node);
