@@ -137,6 +137,7 @@ fn parse() -> Plan {
 }
 
 fn main() -> ExitCode {
+    run::stop_on_signals();
     let plan = parse();
     // Where the results go is checked before anything runs, not after.
     if let Err(e) = std::fs::create_dir_all(&plan.out).and_then(|()| {

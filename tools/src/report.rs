@@ -194,7 +194,7 @@ pub fn summary(results: &[AppResult]) -> String {
 }
 
 fn json(results: &[AppResult]) -> serde_json::Value {
-    let cell = |c: &Cell| serde_json::json!({ "secs": c.secs, "stats": c.stats });
+    let cell = |c: &Cell| serde_json::json!({ "secs": c.secs, "reps": c.reps, "errors": c.errors, "stats": c.stats });
     let apps: Vec<serde_json::Value> = results
         .iter()
         .map(|r| {
@@ -281,7 +281,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     fn cell(secs: f64) -> Cell {
-        Cell { secs: Some(secs), stats: BTreeMap::new() }
+        Cell { secs: Some(secs), reps: vec![secs], ..Cell::default() }
     }
 
     /// `app` at size `size`: sequential time `seq`, and `(nodes, threads time, DSM time)` per

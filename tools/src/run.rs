@@ -6,14 +6,47 @@ use std::collections::BTreeMap;
 use std::io::{IsTerminal, Read, Write};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{Mutex, PoisonError, mpsc};
 
-/// Median time and summed DSM statistics of one (app, mode, nodes) cell.
+/// The process group of the run in progress. A run is started and noted here under this lock,
+/// so an interrupt ([`stop_on_signals`]) either finds it to kill or keeps it from starting.
+static RUNNING: Mutex<Option<i32>> = Mutex::new(None);
+
+/// Makes SIGINT, SIGTERM and SIGHUP stop the runner with the run in progress: its app leads a
+/// process group of its own, which the terminal's Ctrl-C does not reach. The signals are blocked
+/// here, before any thread starts (the threads inherit that), and taken by a thread of their
+/// own; the apps start with them unblocked (`std::process::Command` clears the signal mask).
+pub fn stop_on_signals() {
+    use nix::sys::signal::{SigSet, Signal};
+    let mut set = SigSet::empty();
+    for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        set.add(sig);
+    }
+    if set.thread_block().is_err() {
+        return;
+    }
+    std::thread::spawn(move || {
+        let Ok(sig) = set.wait() else { return };
+        // Held to the exit: no run starts after this one is killed.
+        let running = RUNNING.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(pgid) = *running {
+            kill_group(pgid);
+        }
+        eprintln!("\ntmk-bench: stopped by {sig}; the run in progress was killed");
+        std::process::exit(128 + sig as i32);
+    });
+}
+
+/// Median time and summed DSM statistics of one (app, mode, nodes) cell, and every repetition.
 #[derive(Debug, Clone, Default)]
 pub struct Cell {
     pub secs: Option<f64>,
     /// Per statistic, summed over the job's nodes (median run).
     pub stats: BTreeMap<String, f64>,
+    /// Every repetition that passed, in the order they ran.
+    pub reps: Vec<f64>,
+    /// Why each repetition that failed did, in the order they ran.
+    pub errors: Vec<String>,
 }
 
 /// The size an app ran at.
@@ -82,9 +115,12 @@ fn run_one(plan: &Plan, app: &AppSpec, size: &Size, mode: &str, n: usize) -> Res
     let mut cmd = Command::new(&exe);
     cmd.args(["--mode", mode, "-n", &n.to_string()]).args(size.flags(app));
     cmd.env("TMK_STATS", "json").stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
+    let mut running = RUNNING.lock().unwrap_or_else(PoisonError::into_inner);
     let mut child = cmd.spawn().map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
     // The app leads a process group of its own, with the nodes or helpers it starts.
     let pgid = child.id() as i32;
+    *running = Some(pgid);
+    drop(running);
     let out_reader = drain(child.stdout.take());
     let err_reader = drain(child.stderr.take());
     let (tx, rx) = mpsc::channel();
@@ -95,6 +131,7 @@ fn run_one(plan: &Plan, app: &AppSpec, size: &Size, mode: &str, n: usize) -> Res
     // Nothing of a run outlives it: a straggler would hold the pipes open (and the readers with
     // them) and take CPU from the next run.
     kill_group(pgid);
+    *RUNNING.lock().unwrap_or_else(PoisonError::into_inner) = None;
     let status = match waited {
         Ok(status) => status.map_err(|e| e.to_string())?,
         Err(_) => {
@@ -170,16 +207,21 @@ fn progress(line: &str, last: bool) {
 #[derive(Default)]
 struct Runs {
     ok: Vec<One>,
-    failures: usize,
+    errors: Vec<String>,
 }
 
 impl Runs {
-    /// The median run's time and statistics.
+    /// The median run's time and statistics, with every run's time and every failure.
     fn median(mut self) -> Cell {
+        let reps = self.ok.iter().map(|o| o.secs).collect();
         self.ok.sort_by(|a, b| a.secs.total_cmp(&b.secs));
-        self.ok
-            .get(self.ok.len() / 2)
-            .map_or_else(Cell::default, |m| Cell { secs: Some(m.secs), stats: m.stats.clone() })
+        let median = self.ok.get(self.ok.len() / 2);
+        Cell {
+            secs: median.map(|m| m.secs),
+            stats: median.map(|m| m.stats.clone()).unwrap_or_default(),
+            reps,
+            errors: self.errors,
+        }
     }
 }
 
@@ -224,13 +266,13 @@ pub fn run_all(plan: &Plan) -> Result<Vec<AppResult>, String> {
                         cell_runs.ok.push(one);
                     }
                     Err(e) => {
-                        cell_runs.failures += 1;
                         progress(&format!("[{step}/{total}] {} {mode} n={n}: FAILED: {e}", app.name), true);
+                        cell_runs.errors.push(e);
                     }
                 }
             }
         }
-        let failures = runs.iter().map(|r| r.failures).sum();
+        let failures = runs.iter().map(|r| r.errors.len()).sum();
         let mut medians = cells.into_iter().zip(runs).map(|((mode, n), r)| (mode, n, r.median()));
         let seq = medians.next().map(|(_, _, cell)| cell).unwrap_or_default();
         let (mut threads, mut dsm, mut mp) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());

@@ -78,6 +78,9 @@ fn small_runs_give_a_table_json_and_charts() {
     for a in apps {
         assert_eq!(a["failures"], 0, "{a}");
         assert!(a["seq"]["secs"].as_f64().is_some_and(|s| s > 0.0), "{a}");
+        // Every repetition is kept beside the median.
+        assert_eq!(a["seq"]["reps"].as_array().map(Vec::len), Some(1), "{a}");
+        assert_eq!(a["seq"]["errors"], serde_json::json!([]), "{a}");
         let runs = a["runs"].as_array().expect("runs");
         assert_eq!(runs.iter().map(|r| r["nodes"].as_u64().unwrap_or(0)).collect::<Vec<_>>(), [1, 2]);
         for r in runs {
@@ -175,6 +178,13 @@ fn runs_that_hang_or_leave_processes_behind_are_killed_whole() {
     let row = stdout.lines().find(|l| l.starts_with("lu ")).unwrap_or_else(|| panic!("no lu row: {all}"));
     assert!(row.split_whitespace().skip(2).all(|f| f == "-"), "{row}");
     assert!(!stdout.contains("[1/6]"), "{all}");
+    // bench.json keeps each failure's reason.
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out_dir.join("bench.json")).expect("bench.json written"))
+            .expect("bench.json is JSON");
+    let lu = &json["apps"][1];
+    assert_eq!(lu["seq"]["errors"], serde_json::json!(["no result within 2s; killed"]), "{lu}");
+    assert_eq!(lu["seq"]["reps"], serde_json::json!([]), "{lu}");
     // Nothing any run started outlives it: 3 stragglers of `is`, 3 hung `lu`s.
     let pids: Vec<i32> = std::fs::read_to_string(&pids)
         .expect("the fakes wrote their pids")
@@ -189,4 +199,75 @@ fn runs_that_hang_or_leave_processes_behind_are_killed_whole() {
     }
     let left: Vec<i32> = pids.iter().copied().filter(|&p| alive(p)).collect();
     assert!(left.is_empty(), "still running: {left:?}\n{all}");
+}
+
+#[test]
+fn an_interrupt_stops_the_runner_and_kills_the_run_in_progress() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    use std::time::{Duration, Instant};
+    let scratch = Scratch::new("interrupt");
+    let (bin, out_dir, pids) = (scratch.0.join("bin"), scratch.0.join("out"), scratch.0.join("pids"));
+    std::fs::create_dir_all(&bin).expect("a bin directory");
+    // A run that would take five minutes, with a helper of its own.
+    fake_app(
+        &bin,
+        "lu",
+        "sleep 300 >/dev/null 2>&1 &\necho $! >> \"$PIDS\"\necho $$ >> \"$PIDS\"\nexec sleep 300",
+    );
+    /// The runner, and the fake's processes (by their pids), killed if the test fails early.
+    struct Runner(std::process::Child, PathBuf);
+    impl Drop for Runner {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+            for pid in std::fs::read_to_string(&self.1).unwrap_or_default().lines() {
+                if let Ok(pid) = pid.trim().parse::<i32>() {
+                    let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+                }
+            }
+        }
+    }
+    let mut runner = Runner(
+        bench()
+            .args(["--apps", "lu", "--nodes", "1", "--reps", "1", "--bin"])
+            .arg(&bin)
+            .arg("--out")
+            .arg(&out_dir)
+            .env("PIDS", &pids)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("tmk-bench starts"),
+        pids.clone(),
+    );
+    let read_pids = || -> Vec<i32> {
+        let text = std::fs::read_to_string(&pids).unwrap_or_default();
+        text.lines().filter_map(|l| l.trim().parse().ok()).collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while read_pids().len() < 2 {
+        assert!(Instant::now() < deadline, "the fake app did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    kill(Pid::from_raw(runner.0.id() as i32), Signal::SIGTERM).expect("signal the runner");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = runner.0.try_wait().expect("wait for the runner") {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the runner did not stop");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut runner.0.stderr.take().expect("stderr"), &mut stderr).expect("read");
+    assert_eq!(status.code(), Some(128 + 15), "{stderr}");
+    assert!(stderr.contains("tmk-bench: stopped by SIGTERM; the run in progress was killed"), "{stderr}");
+    let alive = |pid: i32| kill(Pid::from_raw(pid), None).is_ok();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while read_pids().into_iter().any(alive) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let left: Vec<i32> = read_pids().into_iter().filter(|&p| alive(p)).collect();
+    assert!(left.is_empty(), "still running: {left:?}\n{stderr}");
 }
