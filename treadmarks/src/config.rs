@@ -78,10 +78,10 @@ pub struct Config {
     /// `mem/chunk.rs`); `None`: [`Config::diff_reserve_bytes`]'s default.
     pub diff_reserve: Option<u64>,
     /// Twin memory (bytes) a node of a multi-node job backs at startup (`TMK_TWIN_RESERVE`,
-    /// [`crate::mem::Heap::reserve_twins`]).
+    /// `mem::Heap::reserve_twins`).
     pub twin_reserve: usize,
     /// Allocator heap (bytes) the service thread of a multi-node job backs at startup
-    /// (`TMK_MALLOC_RESERVE`, [`crate::mem::malloc`]); 0: none, and the allocator is left as
+    /// (`TMK_MALLOC_RESERVE`, `mem/malloc.rs`); 0: none, and the allocator is left as
     /// it is.
     pub malloc_reserve: usize,
     /// Most lock tokens a grant passes along unasked (`protocol/lock.rs`); 0: none.
@@ -93,7 +93,7 @@ pub struct Config {
     /// Print them as one JSON line (`TMK_STATS=json`) instead of a table.
     pub stats_json: bool,
     pub connect_timeout: Duration,
-    /// How page faults are caught (`TMK_FAULTS`): see [`crate::mem::FaultBackend`].
+    /// How page faults are caught (`TMK_FAULTS`): see `mem::FaultBackend` and the README.
     pub faults: FaultsMode,
     /// Pin this node to one CPU (`TMK_PIN`); `None`: only in a job launched on one machine.
     pub pin: Option<bool>,

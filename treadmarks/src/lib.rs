@@ -31,24 +31,35 @@
 //! before the next synchronization call; only `bytemuck::Pod` data in the heap.
 //!
 //! Layers (each in its own module; only `mem` may use `unsafe`):
-//! - [`protocol`]: the pure LRC state machine (intervals, vector timestamps, write notices,
+//! - `protocol`: the pure LRC state machine (intervals, vector timestamps, write notices,
 //!   twins and lazy diffs, locks, barriers). No I/O.
-//! - [`mem`]: the shared heap mapping, page protection and fault capture.
-//! - [`transport`]: TCP mesh, framing and the wire codec.
+//! - `mem`: the shared heap mapping, page protection and fault capture.
+//! - `transport`: TCP mesh, framing and the wire codec.
 //! - `runtime`: the only place those three meet.
+//!
+//! The first three are public so that this workspace's benchmarks and tests can drive them
+//! directly, but they are internals, not API: they are hidden from these docs and may change
+//! at any time. What a program needs of them is re-exported here (the error types and the ids
+//! they name). `RUSTDOCFLAGS="--cfg tmk_internals --document-private-items" cargo doc` shows
+//! the internals with their invariants.
 
 pub mod config;
 pub mod error;
+#[cfg_attr(not(tmk_internals), doc(hidden))]
 pub mod mem;
+#[cfg_attr(not(tmk_internals), doc(hidden))]
 pub mod protocol;
 mod runtime;
 pub mod stats;
 mod tmk;
+#[cfg_attr(not(tmk_internals), doc(hidden))]
 pub mod transport;
 
 pub use config::Config;
 pub use error::{Error, Result};
-pub use mem::{Shared, View, ViewMut};
+pub use mem::{MemError, Shared, View, ViewError, ViewMut};
+pub use protocol::{AllocFailure, BarrierId, LockId, MsgKind, NodeId, PageIdx, ProtocolError, ProtocolStats};
+pub use transport::TransportError;
 pub use stats::Stats;
 pub use tmk::{LockGuard, Tmk};
 

@@ -359,7 +359,7 @@ impl Tmk {
     /// `TMK_STREAM_MIN_PAGES`, 64 by default) with no lock held *streams*: it returns as soon as
     /// its requests are out, its pages become readable as they arrive, touching one still on
     /// its way waits for that page, and the next synchronization that may bring write notices
-    /// waits for the rest ([`crate::protocol::stream`]).
+    /// waits for the rest (`protocol/stream.rs`).
     pub fn view<T: Pod>(&self, h: &Shared<[T]>) -> Result<View<'_, T>> {
         self.view_parts(h, std::iter::once(0..h.len()))
     }
@@ -535,7 +535,7 @@ impl Tmk {
     /// asked (`TMK_STATS=1`), and on node 0 of a local job reaps the other nodes, reporting any
     /// that failed. Required: a `Tmk` dropped without it fails the job (its peers are told that
     /// its application left without calling exit). Exiting while holding a lock is an error
-    /// ([`ProtocolError::ExitHolding`](crate::protocol::ProtocolError::ExitHolding)).
+    /// ([`ProtocolError::ExitHolding`]).
     pub fn exit(mut self) -> Result<()> {
         self.exit_inner().map(drop)
     }

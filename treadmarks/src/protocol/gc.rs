@@ -61,7 +61,7 @@ pub(crate) struct GcRound {
 }
 
 /// How many times the collection threshold a node's consistency data reaches before it warns
-/// that no barrier collects it ([`Node::warn_if_collection_overdue`]).
+/// that no barrier collects it (`Node::check_consistency_data`).
 pub(crate) const OVERDUE_FACTOR: u64 = 2;
 
 impl<M: PageMemory> Node<M> {
@@ -98,7 +98,7 @@ impl<M: PageMemory> Node<M> {
     }
 
     /// Lock-only programs never collect by themselves: say so when it is overdue, and again at
-    /// every doubling, and fail past [`NodeConfig::consistency_limit`] (an error naming the
+    /// every doubling, and fail past [`NodeConfig::consistency_limit`](super::NodeConfig::consistency_limit) (an error naming the
     /// bytes) rather than run the machine out of memory, where the process would die on some
     /// allocation with no word of why. The data passes the threshold between two barriers of a
     /// program that has them, and the next one collects it; only at [`OVERDUE_FACTOR`] times

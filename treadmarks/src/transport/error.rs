@@ -25,7 +25,7 @@ pub enum TransportError {
         source: postcard::Error,
     },
 
-    /// A message serialized to more than [`MAX_FRAME`] bytes.
+    /// A message serialized to more than `MAX_FRAME` (64 MiB) bytes.
     #[error("cannot encode a message: it exceeds the {} MiB frame limit (gave up after {len} bytes)", MAX_FRAME >> 20)]
     MessageTooLarge {
         /// How many bytes had been produced when the encoder gave up.
@@ -65,7 +65,7 @@ pub enum TransportError {
         extra: usize,
     },
 
-    /// A frame header announced more than [`MAX_FRAME`] bytes.
+    /// A frame header announced more than `MAX_FRAME` (64 MiB) bytes.
     #[error("frame of {len} bytes {} exceeds the {} MiB limit", from_label(.from), MAX_FRAME >> 20)]
     FrameTooLarge {
         /// Announced payload length.
