@@ -59,9 +59,9 @@ pub use config::Config;
 pub use error::{Error, Result};
 pub use mem::{MemError, Shared, View, ViewError, ViewMut};
 pub use protocol::{AllocFailure, BarrierId, LockId, MsgKind, NodeId, PageIdx, ProtocolError, ProtocolStats};
-pub use transport::TransportError;
 pub use stats::Stats;
 pub use tmk::{LockGuard, Tmk};
+pub use transport::TransportError;
 
 /// Writes `text` to standard error with one `write(2)`, so that lines from the several node
 /// processes of a job that share one terminal or pipe never interleave mid-line (a pipe keeps
