@@ -11,7 +11,9 @@ use std::time::Duration;
 /// Messages and bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Traffic {
+    /// Messages.
     pub msgs: u64,
+    /// Their bytes on the wire, frame headers included.
     pub bytes: u64,
 }
 
@@ -25,8 +27,11 @@ impl Traffic {
 /// Statistics of one node.
 #[derive(Clone, Debug, Default)]
 pub struct Stats {
+    /// The node these are of.
     pub node: NodeId,
+    /// Nodes in its job.
     pub nprocs: u16,
+    /// The protocol core's counters.
     pub protocol: ProtocolStats,
     /// Write faults the signal handler resolved by itself (twin + unprotect).
     pub fast_write_faults: u64,
@@ -35,33 +40,41 @@ pub struct Stats {
     /// Faults on valid pages that were only missing from the application view's page tables
     /// (userfaultfd backend), mapped in the signal handler.
     pub minor_maps: u64,
-    /// Pages ever twinned (each holds a twin slot), and twin slots backed at startup
-    /// (`mem/heap.rs`: `Heap::reserve_twins`).
+    /// Pages ever twinned (each holds a twin slot).
     pub twin_slots_used: u64,
+    /// Twin slots backed at startup (`mem/heap.rs`: `Heap::reserve_twins`).
     pub twin_slots_reserved: u64,
     /// First twins of pages never written, made without a copy (the page and its fresh slot both
     /// hold zeros).
     pub zero_twins: u64,
-    /// 2 MiB chunks of diff storage this process mapped fresh (those reserved at startup
-    /// included), reserved, and took from its pool instead (`mem/chunk.rs`).
+    /// 2 MiB chunks of diff storage this process mapped fresh, those reserved at startup
+    /// included (`mem/chunk.rs`).
     pub diff_chunks_mapped: u64,
+    /// Chunks reserved (mapped and backed) at startup.
     pub diff_chunks_reserved: u64,
+    /// Chunks taken from this process's pool of emptied ones instead of mapped fresh.
     pub diff_chunks_reused: u64,
-    /// Lock operations (releases, acquires whose token was here) and view validations (diffs all
-    /// pushed, or twins ahead only) the application thread ran on the node itself, and commands
-    /// it handed to the service thread.
+    /// Lock operations (releases, acquires whose token was here) the application thread ran on
+    /// the node itself.
     pub lock_ops_here: u64,
+    /// View validations (diffs all pushed, or twins ahead only) the application thread ran on
+    /// the node itself.
     pub validations_here: u64,
+    /// Commands the application thread handed to the service thread.
     pub commands: u64,
-    /// Sent and received, by message kind (indexed like [`MsgKind::ALL`]).
+    /// Sent, by message kind (indexed like [`MsgKind::ALL`]).
     pub sent_by_kind: Vec<Traffic>,
+    /// Received, by message kind (indexed like [`MsgKind::ALL`]).
     pub received_by_kind: Vec<Traffic>,
-    /// Sent and received, by peer.
+    /// Sent, by peer (indexed by node).
     pub sent_to: Vec<Traffic>,
+    /// Received, by peer (indexed by node).
     pub received_from: Vec<Traffic>,
-    /// Time the application spent in lock acquires, barriers and access misses.
+    /// Time the application spent in lock acquires.
     pub lock_wait: Duration,
+    /// Time the application spent in barriers.
     pub barrier_wait: Duration,
+    /// Time the application spent in access misses (faults on invalid pages).
     pub miss_wait: Duration,
     /// Time the application spent in view validations (batched fetches of a view's pages).
     pub view_wait: Duration,

@@ -23,69 +23,84 @@ pub struct ProtocolStats {
     pub twins_skipped: u64,
     /// Twins made by the fault handler's fast path (reported through `handle_twin_made`).
     pub fast_twins: u64,
-    /// Diffs created (lazily) and their encoded bytes.
+    /// Diffs created (lazily).
     pub diffs_created: u64,
+    /// Encoded bytes of the diffs created.
     pub diff_bytes_created: u64,
-    /// Diffs applied and their encoded bytes.
+    /// Diffs applied to this node's pages.
     pub diffs_applied: u64,
+    /// Encoded bytes of the diffs applied.
     pub diff_bytes_applied: u64,
     /// View validations that fetched something (each batches many pages).
     pub validations: u64,
-    /// Validations that streamed (`stream.rs`) and the pages they fetched; faults that waited
-    /// for a page on its way; synchronizations that waited for streamed pages to arrive.
+    /// Validations that streamed (`stream.rs`).
     pub streams: u64,
+    /// Pages the streaming validations fetched.
     pub streamed_pages: u64,
+    /// Faults that waited for a page on its way to a streaming view.
     pub stream_waits: u64,
+    /// Synchronizations that waited for streamed pages to arrive first.
     pub settles: u64,
     /// Diffs sent along with lock grants.
     pub diffs_piggybacked: u64,
-    /// Diffs pushed at barriers to earlier readers; pushed pages a miss used instead of a
-    /// request; pushed pages dropped unused (or unusable); pushed pages chained to an unused
-    /// push of the page (counted again as used or unused later).
+    /// Diffs pushed at barriers to earlier readers (`push.rs`).
     pub diffs_pushed: u64,
+    /// Pushed pages a miss used instead of a request.
     pub pushes_used: u64,
+    /// Pushed pages dropped unused (or unusable).
     pub pushes_wasted: u64,
+    /// Pushed pages chained to an unused push of the page (counted again as used or unused
+    /// later).
     pub pushes_chained: u64,
     /// Pushed pages applied where they stand at the barrier they came with (`push.rs`).
     pub pushes_in_place: u64,
     /// Pages (per subscriber) not pushed at a barrier because the next epoch rewrites them
     /// (`push.rs`, "Skipping").
     pub pushes_skipped: u64,
-    /// Diff requests sent (one per writer per miss or validation) and pages served.
+    /// Diff requests sent (one per writer per miss or validation, split into messages).
     pub diff_requests_sent: u64,
+    /// Pages whose diffs this node served to requests.
     pub diff_requests_served: u64,
-    /// Intervals this node closed, and the write notices they carried.
+    /// Intervals this node closed.
     pub intervals: u64,
+    /// Write notices this node's intervals carried.
     pub write_notices_made: u64,
-    /// Remote interval records and write notices incorporated.
+    /// Other nodes' interval records incorporated.
     pub intervals_incorporated: u64,
+    /// Other nodes' write notices incorporated.
     pub write_notices_received: u64,
     /// Pages invalidated by write notices.
     pub invalidations: u64,
-    /// Lock acquires satisfied locally (token held) and remotely.
+    /// Lock acquires satisfied locally (the token was here).
     pub lock_acquires_local: u64,
+    /// Lock acquires that asked the lock's manager.
     pub lock_acquires_remote: u64,
-    /// Lock tokens passed along with grants unasked (bundled), and received so.
+    /// Lock tokens passed along with grants unasked (bundled).
     pub lock_tokens_bundled: u64,
+    /// Lock tokens received so.
     pub lock_tokens_received: u64,
     /// Forwards sent back to the manager after this node bundled it the token.
     pub lock_forwards_returned: u64,
     /// Barriers passed.
     pub barriers: u64,
-    /// Whole pages asked for (after a collection dropped our copy) and served.
+    /// Whole pages asked for (after a collection dropped our copy).
     pub page_requests_sent: u64,
+    /// Whole pages served to such requests.
     pub pages_served: u64,
-    /// Collections, the stale copies they dropped, and the consistency data they reclaimed.
+    /// Collections (`gc.rs`).
     pub collections: u64,
+    /// Stale copies the collections dropped.
     pub pages_dropped: u64,
+    /// Consistency data the collections reclaimed, in bytes.
     pub gc_bytes_reclaimed: u64,
-    /// Heap pages backed with memory at barriers ahead of their first touch, and those of them
-    /// mapped so that the first touch takes no fault (`Node::back_heap`).
+    /// Heap pages backed with memory at barriers ahead of their first touch
+    /// (`Node::back_heap`).
     pub pages_backed: u64,
+    /// Of those, pages mapped so that the first touch takes no fault.
     pub pages_backed_mapped: u64,
-    /// Stale pages declared overwritten, so not fetched (`Node::request_overwrite`), and diffs
-    /// received later that such an overwrite had superseded (not applied).
+    /// Stale pages declared overwritten, so not fetched (`Node::request_overwrite`).
     pub pages_overwritten: u64,
+    /// Diffs received later that such an overwrite had superseded (not applied).
     pub diffs_superseded: u64,
     /// Most consistency data (records, notices, twins, diffs) held at once, in bytes.
     pub peak_consistency_bytes: u64,
