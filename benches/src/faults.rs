@@ -57,14 +57,14 @@ pub fn twin_fault(pages: usize, rounds: usize) -> Result<(Summary, Summary)> {
         );
     }
     let handler = FaultHandler::install(heap.clone(), Doorbell::new()?)?;
-    let tracker = BorrowTracker::default();
+    let tracker = BorrowTracker::claim(heap.clone()).ok_or("the twin-fault heap's tracker was taken")?;
     let all: Shared<[u8]> = Shared::from_raw_parts(0, (pages * ps) as u64);
-    let mut pages_mem = HeapPages(heap.clone());
+    let mut pages_mem = HeapPages::claim(heap.clone()).ok_or("the twin-fault heap's pages were taken")?;
 
     // Map every page into the application view (reads of read-only pages do not fault), so the
     // passes below see protection faults, not first-touch faults of the memfd.
     {
-        let v = tracker.view(&heap, &all)?;
+        let v = tracker.view(&all)?;
         let mut sum = 0u64;
         for p in 0..pages {
             sum += u64::from(v[p * ps]);
@@ -76,7 +76,7 @@ pub fn twin_fault(pages: usize, rounds: usize) -> Result<(Summary, Summary)> {
         let mut samples = Vec::with_capacity(if per_write { pages } else { 0 });
         let t = Instant::now();
         {
-            let mut v = tracker.view_mut(&heap, &all)?;
+            let mut v = tracker.view_mut(&all)?;
             for p in 0..pages {
                 if per_write {
                     let t = Instant::now();

@@ -110,7 +110,8 @@ impl Tmk {
             stream_min_pages: config.stream_min_pages,
             consistency_limit: config.consistency_limit_bytes(local_nodes),
         };
-        let node = Node::new(node_cfg, HeapPages(heap.clone()));
+        let pages = HeapPages::claim(heap.clone()).expect("the heap was just mapped");
+        let node = Node::new(node_cfg, pages);
         let mut children = None;
         let mut watch = None;
         let (engine, faults) = if n == 1 {
@@ -188,7 +189,7 @@ impl Tmk {
             stats_json: config.stats_json,
             engine,
             children,
-            borrows: BorrowTracker::default(),
+            borrows: BorrowTracker::claim(heap.clone()).expect("the heap was just mapped"),
             lock_wait: Duration::ZERO,
             barrier_wait: Duration::ZERO,
             view_wait: std::cell::Cell::new(Duration::ZERO),
@@ -374,7 +375,7 @@ impl Tmk {
         h: &Shared<[T]>,
         parts: impl IntoIterator<Item = Range<usize>>,
     ) -> Result<View<'_, T>> {
-        let view = self.borrows.view(&self.heap, h)?;
+        let view = self.borrows.view(h)?;
         let mut count = 0;
         let pages = self.pages_of_parts(h, parts.into_iter().inspect(|_| count += 1), Heap::invalid_pages)?;
         self.validate(pages, false, Vec::new(), count == 1)?;
@@ -422,7 +423,7 @@ impl Tmk {
         parts: Vec<Range<usize>>,
         overwrite: bool,
     ) -> Result<ViewMut<'_, T>> {
-        let view = self.borrows.view_mut(&self.heap, h)?;
+        let view = self.borrows.view_mut(h)?;
         let stream = parts.len() == 1;
         let all = self.pages_of_parts(h, parts.iter().cloned(), Heap::overlapping_pages)?;
         if self.held.is_empty() {

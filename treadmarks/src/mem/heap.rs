@@ -98,7 +98,8 @@ pub struct Heap {
     uffd: Option<Uffd>,
     /// Pages known to exist in the memfd: populated before they were first twinned ahead, or
     /// (userfaultfd backend) allocated by `fallocate` before their first invalidation. Pages
-    /// are never freed, so this only grows. Written only by the holder of the node.
+    /// are never freed, so this only grows: set by the holder of the node, and by the
+    /// application thread when it commits an allocation (`Heap::commit`).
     allocated: Box<[AtomicBool]>,
     /// Userfaultfd backend: pages the application view maps, as far as we know: set when a
     /// `UFFDIO_CONTINUE` maps a page (service thread or fault handler), cleared when an
@@ -115,6 +116,11 @@ pub struct Heap {
     pub(super) states: Box<[AtomicU8]>,
     pub(super) ring: TwinRing,
     pub(super) counters: AtomicCounters,
+    /// Whether this heap's one [`HeapPages`](super::HeapPages) and its one
+    /// [`BorrowTracker`](super::BorrowTracker) were handed out (`Heap::claim`): each hands out
+    /// references into the heap's bytes that are exclusive only if it is the only one.
+    pub(super) pages_claimed: AtomicBool,
+    pub(super) tracker_claimed: AtomicBool,
 }
 
 // SAFETY: the raw pointers are addresses of mappings owned by the `Heap` for its whole life
@@ -313,7 +319,14 @@ impl Heap {
             states: (0..npages).map(|_| AtomicU8::new(initial)).collect(),
             ring: TwinRing::new(npages),
             counters: AtomicCounters::default(),
+            pages_claimed: AtomicBool::new(false),
+            tracker_claimed: AtomicBool::new(false),
         }))
+    }
+
+    /// Takes `flag` (one of the `*_claimed` fields) if nobody has: true the first time only.
+    pub(super) fn claim(flag: &AtomicBool) -> bool {
+        !flag.swap(true, Ordering::AcqRel)
     }
 
     /// Base of the application view (== `layout.base`).

@@ -33,12 +33,23 @@ fn bridgeable(s: u8) -> bool {
     write_protected(s) || s == state::INVALID
 }
 
-/// [`PageMemory`] over a real [`Heap`]. Create exactly one per heap, owned by the node: two of
-/// them could hand out aliasing `&mut` slices of one page.
+/// [`PageMemory`] over a real [`Heap`]: the node's, one per heap ([`HeapPages::claim`]), since
+/// two could hand out aliasing `&mut` slices of one page. (This crate's own tests make more, to
+/// read a page's twin beside the node's.)
 #[derive(Debug)]
-pub struct HeapPages(pub Arc<Heap>);
+pub struct HeapPages(pub(crate) Arc<Heap>);
 
 impl HeapPages {
+    /// The [`PageMemory`] of `heap`, the first time it is asked for; `None` after.
+    pub fn claim(heap: Arc<Heap>) -> Option<HeapPages> {
+        Heap::claim(&heap.pages_claimed).then_some(HeapPages(heap))
+    }
+
+    /// The heap these pages are of.
+    pub fn heap(&self) -> &Arc<Heap> {
+        &self.0
+    }
+
     /// Copies page `p` into its twin slot, owning the page's BUSY state meanwhile so that the
     /// fault handler cannot twin it at the same time. Panics with `refused()` (the state left as
     /// it was) if the page is in state `refuse`: the state in which the caller's contract does
@@ -120,8 +131,8 @@ impl HeapPages {
     }
 
     /// Moves pages `first .. first + count` to stable state `new`, changing the application
-    /// view's protection to match.
-    fn set_state(&mut self, first: PageIdx, count: u32, new: u8) {
+    /// view's protection to match. Returns the states they had, each read as it was taken.
+    fn set_state(&mut self, first: PageIdx, count: u32, new: u8) -> SmallVec<[u8; 64]> {
         let heap = &*self.0;
         let end = u64::from(first.0) + u64::from(count);
         assert!(
@@ -131,7 +142,7 @@ impl HeapPages {
             heap.npages()
         );
         if count == 0 {
-            return;
+            return SmallVec::new();
         }
         // Take every page of the run (the handler holds BUSY only briefly and never waits on us).
         // (Inline for runs of up to 64 pages: most runs, changed thousands of times a second.)
@@ -181,6 +192,7 @@ impl HeapPages {
         for p in first.0..first.0 + count {
             heap.state(p).store(new, Ordering::Release);
         }
+        old
     }
 }
 
@@ -200,6 +212,16 @@ impl PageMemory for HeapPages {
 
     fn set_access(&mut self, first: PageIdx, count: u32, access: Access) {
         self.set_state(first, count, state::from_access(access));
+    }
+
+    fn revoke(&mut self, p: PageIdx) -> Access {
+        // Invalid and frozen pages change only at the hand of the node's holder (the caller):
+        // left as they are. The fault handler moves a page from read-only to writable only, so
+        // for the others the state `set_state` takes is the true one.
+        if self.access(p) == Access::None {
+            return Access::None;
+        }
+        state::to_access(self.set_state(p, 1, state::INVALID)[0])
     }
 
     fn freeze(&mut self, first: PageIdx, count: u32) {
@@ -241,9 +263,12 @@ impl PageMemory for HeapPages {
         );
         // The page is not writable in the application view, so the application thread cannot
         // store to it without faulting first; the runtime (the node's one `HeapPages`, behind
-        // its mutex) writes it only through `page_mut`, which needs `&mut self`. (A write fault on a
-        // read-only page is resolved in the handler, though: see the module docs, "hazards".)
-        // SAFETY: one page of the runtime view, live while `self.0` is, not written meanwhile.
+        // its mutex) writes it only through `page_mut`, which needs `&mut self`. A write fault on
+        // a read-only page is resolved in the handler, though (module docs, "hazards"): callers
+        // revoke or freeze the page first, or read it only while the application is blocked in
+        // a call into the runtime (`Cut::Blocked` in the protocol core).
+        // SAFETY: one page of the runtime view, live while `self.0` is, not written meanwhile
+        // (invalid or frozen, or read-only with the application blocked: see above).
         unsafe { std::slice::from_raw_parts(self.0.runtime_page(i), self.0.page_size()) }
     }
 

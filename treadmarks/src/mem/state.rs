@@ -12,7 +12,10 @@
 //! stable value. Owners are the signal handler (`READ_ONLY → BUSY → READ_WRITE`, never blocking
 //! while it holds `BUSY`) and `HeapPages` on the service thread (`set_access`, `make_twin`), which
 //! also never wait on the application thread while holding `BUSY`. So `BUSY` is always released
-//! in bounded time and everybody else may simply yield and retry.
+//! in bounded time, once its owner runs, and everybody else waits it out ([`Backoff`]): yielding
+//! at first, then sleeping, because the owner may be the application's fault handler on the
+//! waiter's own CPU at a lower priority than a real-time service thread, which a yield never
+//! hands the CPU to.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -72,25 +75,52 @@ pub(super) fn prot(state: u8) -> libc::c_int {
     }
 }
 
-/// Waits (yielding) until `state` is stable, then CASes it to `BUSY`. Returns the stable value
-/// it replaced, which the caller must eventually store back or replace. Not for signal handlers.
+/// Waiting out another thread's `BUSY`: a few yields (an owner on another CPU is done within
+/// microseconds), then sleeps of 1 µs doubling up to 64 µs. A sleep lets the owner run where a
+/// yield may not: the service thread runs at real-time priority on the application's CPU in a
+/// local job, and its `sched_yield` never gives the CPU to the application thread, whose fault
+/// handler may hold the `BUSY` it waits for; yielding alone, it waited until the kernel's
+/// real-time throttling stopped it, ~0.95 s.
+#[derive(Debug, Default)]
+pub(super) struct Backoff(u32);
+
+impl Backoff {
+    /// Yields before sleeping.
+    const YIELDS: u32 = 8;
+
+    pub(super) fn wait(&mut self) {
+        if self.0 < Self::YIELDS {
+            std::thread::yield_now();
+        } else {
+            let shift = (self.0 - Self::YIELDS).min(6);
+            std::thread::sleep(std::time::Duration::from_micros(1 << shift));
+        }
+        self.0 = self.0.saturating_add(1);
+    }
+}
+
+/// Waits ([`Backoff`]) until `state` is stable, then CASes it to `BUSY`. Returns the stable
+/// value it replaced, which the caller must eventually store back or replace. Not for signal
+/// handlers.
 pub(super) fn acquire_busy(state: &AtomicU8) -> u8 {
+    let mut backoff = Backoff::default();
     loop {
         let s = state.load(Ordering::Acquire);
         if s != BUSY && state.compare_exchange_weak(s, BUSY, Ordering::Acquire, Ordering::Relaxed).is_ok() {
             return s;
         }
-        std::thread::yield_now();
+        backoff.wait();
     }
 }
 
-/// Waits (yielding) until `state` is stable and returns it. Not for signal handlers.
+/// Waits ([`Backoff`]) until `state` is stable and returns it. Not for signal handlers.
 pub(super) fn load_stable(state: &AtomicU8) -> u8 {
+    let mut backoff = Backoff::default();
     loop {
         let s = state.load(Ordering::Acquire);
         if s != BUSY {
             return s;
         }
-        std::thread::yield_now();
+        backoff.wait();
     }
 }

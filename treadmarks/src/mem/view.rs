@@ -20,6 +20,7 @@ use bytemuck::{Pod, Zeroable};
 use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
 
 /// A typed allocation in the shared heap: `Shared<[T]>` for an array, `Shared<T>` for one value.
 #[repr(C)]
@@ -72,10 +73,14 @@ impl<T> Shared<[T]> {
         self.len == 0
     }
 
-    /// The sub-array `start..end`.
+    /// The sub-array `start..end`. A handle too large for the address space (one made up, or
+    /// garbled on its way) gives one that no heap holds, which views refuse
+    /// ([`ViewError::OutOfBounds`]), rather than one wrapped around to other bytes.
     pub fn slice(&self, start: usize, end: usize) -> Shared<[T]> {
         assert!(start <= end && end <= self.len(), "slice {start}..{end} of a {}-element array", self.len);
-        Shared::from_raw_parts(self.offset + (start * size_of::<T>()) as u64, (end - start) as u64)
+        let offset =
+            (start as u64).checked_mul(size_of::<T>() as u64).and_then(|b| self.offset.checked_add(b));
+        Shared::from_raw_parts(offset.unwrap_or(u64::MAX), (end - start) as u64)
     }
 }
 
@@ -104,14 +109,22 @@ pub enum ViewError {
     PartOutOfBounds { start: usize, end: usize, len: usize },
 }
 
-/// Live views of one node's heap, by byte range.
-#[derive(Debug, Default)]
+/// Live views of one node's heap, by byte range. One per heap ([`BorrowTracker::claim`]): a
+/// view is exclusive only against the other views of its tracker.
+#[derive(Debug)]
 pub struct BorrowTracker {
+    heap: Arc<Heap>,
     live: RefCell<Vec<(u64, u64, bool)>>,
 }
 
 impl BorrowTracker {
-    fn range<T>(&self, heap: &Heap, h: &Shared<[T]>) -> Result<(u64, u64), ViewError> {
+    /// The tracker of `heap`'s views, the first time one is asked for; `None` after.
+    pub fn claim(heap: Arc<Heap>) -> Option<BorrowTracker> {
+        Heap::claim(&heap.tracker_claimed).then(|| BorrowTracker { heap, live: RefCell::default() })
+    }
+
+    fn range<T>(&self, h: &Shared<[T]>) -> Result<(u64, u64), ViewError> {
+        let heap = &*self.heap;
         let bytes = h.len.checked_mul(size_of::<T>() as u64);
         let end = bytes.and_then(|b| h.offset.checked_add(b));
         match end {
@@ -147,30 +160,26 @@ impl BorrowTracker {
     }
 
     /// A shared view of `h`.
-    pub fn view<'a, T: Pod>(&'a self, heap: &'a Heap, h: &Shared<[T]>) -> Result<View<'a, T>, ViewError> {
-        let (start, end) = self.range(heap, h)?;
+    pub fn view<'a, T: Pod>(&'a self, h: &Shared<[T]>) -> Result<View<'a, T>, ViewError> {
+        let (start, end) = self.range(h)?;
         self.enter(start, end, false)?;
-        let ptr = heap.app_base().wrapping_add(start as usize) as *const T;
+        let ptr = self.heap.app_base().wrapping_add(start as usize) as *const T;
         // `range` checked that `start..end` lies inside the mapped application view and is aligned
         // for `T`; `T: Pod` makes any bytes a valid `T`; the runtime changes these bytes only while
         // the pages are inaccessible or the application is inside a synchronization call.
-        // SAFETY: in bounds, aligned, valid for `T`, no overlapping `ViewMut` (the tracker), and
-        // the bytes do not change while the view lives (module docs).
+        // SAFETY: in bounds, aligned, valid for `T`, no overlapping `ViewMut` (the heap's one
+        // tracker), and the bytes do not change while the view lives (module docs).
         let slice = unsafe { std::slice::from_raw_parts(ptr, h.len()) };
         Ok(View { slice, tracker: self, start, end })
     }
 
     /// A mutable view of `h`.
-    pub fn view_mut<'a, T: Pod>(
-        &'a self,
-        heap: &'a Heap,
-        h: &Shared<[T]>,
-    ) -> Result<ViewMut<'a, T>, ViewError> {
-        let (start, end) = self.range(heap, h)?;
+    pub fn view_mut<'a, T: Pod>(&'a self, h: &Shared<[T]>) -> Result<ViewMut<'a, T>, ViewError> {
+        let (start, end) = self.range(h)?;
         self.enter(start, end, true)?;
-        let ptr = heap.app_base().wrapping_add(start as usize) as *mut T;
-        // SAFETY: as in `view`, and the tracker guarantees no other live view overlaps this one,
-        // so this is the only reference to these bytes in this process.
+        let ptr = self.heap.app_base().wrapping_add(start as usize) as *mut T;
+        // SAFETY: as in `view`, and this heap's one tracker (`claim`) has no other live view
+        // overlapping this one, so this is the only reference to these bytes in this process.
         let slice = unsafe { std::slice::from_raw_parts_mut(ptr, h.len()) };
         Ok(ViewMut { slice, tracker: self, start, end })
     }

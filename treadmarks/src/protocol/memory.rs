@@ -47,6 +47,12 @@ pub trait PageMemory {
     fn access(&self, p: PageIdx) -> Access;
     /// Sets the protection of pages `first .. first + count`.
     fn set_access(&mut self, first: PageIdx, count: u32, access: Access);
+    /// Makes page `p` inaccessible and returns the access it had, read in the same step (an
+    /// inaccessible page, frozen ones included, is left as it is). Where
+    /// the application runs meanwhile, [`PageMemory::access`] may be out of date by the time
+    /// its answer is acted on: the fault handler may have twinned the page and made it
+    /// writable since (a twin the protocol hears of only at its next step).
+    fn revoke(&mut self, p: PageIdx) -> Access;
     /// Takes write access from valid pages `first .. first + count` while their twins are cut:
     /// the application may still read them, and a write waits for the runtime, as on an invalid
     /// page, until the next [`PageMemory::set_access`]. [`PageMemory::access`] reports `None`
@@ -204,6 +210,14 @@ impl PageMemory for VecMemory {
             *c += u32::from(*a != access);
             *a = access;
         }
+    }
+
+    fn revoke(&mut self, p: PageIdx) -> Access {
+        let was = self.access(p);
+        if was != Access::None {
+            self.set_access(p, 1, Access::None);
+        }
+        was
     }
 
     fn freeze(&mut self, first: PageIdx, count: u32) {

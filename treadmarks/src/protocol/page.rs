@@ -702,17 +702,23 @@ impl<M: PageMemory> Node<M> {
     /// dropped; the application is blocked in the barrier and every node has validated, so the
     /// page itself is the epoch's final state and is sent. Access is revoked while the bytes are
     /// read, then restored.
+    ///
+    /// The application may be running (a page request is served whenever it comes), so the page
+    /// may have been twinned by the fault handler since this node last heard of its twins: the
+    /// access it had is learned from the revocation itself ([`PageMemory::revoke`]), and a page
+    /// writable without a twin known here has a twin the handler made, which is sent. Trusting
+    /// an earlier [`PageMemory::access`] instead sent the page with writes in progress, and
+    /// restored it read-only, so that the next write twinned it again, over the old twin, and
+    /// the writes before it were in no diff.
     pub(crate) fn serve_page(&mut self, p: PageIdx) -> PageCopy {
-        let access = self.mem.access(p);
-        if access != Access::None {
-            self.mem.set_access(p, 1, Access::None);
-        }
+        let access = self.mem.revoke(p);
         // A page declared overwritten has no twin to read ([`PageMemory::skip_twin`]): its
         // bytes before the overwrite matter to nobody, since a reader that knows of the
         // overwrite applies its whole-page diff over them, and one that does not, reading the
         // page while this node overwrites every byte of it, races with the overwrite.
         let meta = &self.pages[p.idx()];
-        let twin_is_base = meta.twin.is_some() && !meta.whole && self.gc.is_none();
+        let handler_twin = access == Access::ReadWrite && meta.twin.is_none() && self.nprocs() > 1;
+        let twin_is_base = (meta.twin.is_some() || handler_twin) && !meta.whole && self.gc.is_none();
         let src = if twin_is_base { self.mem.twin(p) } else { self.mem.page(p) };
         let bytes = serde_bytes::ByteBuf::from(src.to_vec());
         if access != Access::None {

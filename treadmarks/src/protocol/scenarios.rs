@@ -1614,3 +1614,30 @@ fn a_mutable_view_maps_a_fetched_page_writable_in_one_change() {
     assert_eq!(net.nodes[0].mem().protection_changes(PageIdx(2)) - before, 1);
     assert_eq!(net.nodes[0].mem().app_read(PageIdx(2))[0], 7);
 }
+
+#[test]
+fn a_page_copy_served_while_the_application_runs_sends_the_handlers_twin() {
+    // Node 0's fault handler twins page 1 and makes it writable on the application's first write
+    // (the fast path), and the application writes; the node hears of that twin only at its next
+    // step. A page request comes first. The copy must be the twin, the base of the diff node 0
+    // will make, not the page with the write in progress, and the page must stay writable: made
+    // read-only again, its next write would twin it anew over the old twin, and the first write
+    // would be in no diff.
+    let mut net = Net::new(2);
+    let p = PageIdx(1);
+    let mem = net.nodes[0].mem_mut();
+    mem.make_twin(p);
+    mem.set_access(p, 1, Access::ReadWrite);
+    mem.app_write(p)[10] = 0x11;
+    net.nodes[0].handle_message(NodeId(1), Message::PageRequest { pages: vec![p] }).expect("served");
+    let Some((to, Message::PageReply { pages })) = net.nodes[0].poll_transmit() else {
+        panic!("no page reply")
+    };
+    assert_eq!((to, pages.len()), (NodeId(1), 1));
+    assert_eq!(pages[0].bytes[10], 0, "the twin was sent, not the write in progress");
+    assert_eq!(net.nodes[0].mem().access(p), Access::ReadWrite, "still writable");
+    // The drain of the handler's twins that follows finds the page as the handler left it.
+    net.nodes[0].handle_twin_made(p);
+    net.nodes[0].request_barrier(BarrierId(0)).unwrap();
+    assert!(net.nodes[0].stats().write_notices_made >= 1, "the write is noticed");
+}

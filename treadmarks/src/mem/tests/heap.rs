@@ -20,9 +20,21 @@ fn maps_at_fixed_base_and_refuses_overlap() {
     // SAFETY: inside the application view, readable (protect = true gives PROT_READ).
     let byte = unsafe { std::ptr::read_volatile(heap.app_base().add(l.size - 1)) };
     assert_eq!(byte, 0);
-    let pages = HeapPages(heap.clone());
+    let pages = HeapPages::claim(heap.clone()).expect("the heap's pages");
     assert_eq!(pages.access(PageIdx(63)), Access::Read);
     assert!(pages.page(PageIdx(63)).iter().all(|&b| b == 0));
+    // One page memory and one view tracker per heap: a second of either could hand out a
+    // `&mut` aliasing the first's.
+    assert!(HeapPages::claim(heap.clone()).is_none(), "a second HeapPages");
+    let tracker = crate::mem::BorrowTracker::claim(heap.clone()).expect("the heap's tracker");
+    assert!(crate::mem::BorrowTracker::claim(heap.clone()).is_none(), "a second tracker");
+    // A made-up handle whose slice would wrap around the address space is refused, not turned
+    // into a view of other bytes.
+    let huge = crate::mem::Shared::<[u64]>::from_raw_parts(8, u64::MAX / 4);
+    let wrapped = huge.slice(1 << 61, (1 << 61) + 1);
+    let err = tracker.view(&wrapped).map(|v| v.len()).expect_err("no heap holds it");
+    assert!(matches!(err, crate::mem::ViewError::OutOfBounds { .. }), "{err:?}");
+    drop(tracker);
 
     let err = Heap::map(l).expect_err("a second heap over the same range must fail");
     assert!(matches!(err, MemError::AddressInUse { .. }), "{err:?}");
