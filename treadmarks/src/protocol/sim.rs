@@ -12,6 +12,12 @@
 //! pages take the fault handler's fast path or the protocol's slow path at random. Every message
 //! is round-tripped through postcard.
 //!
+//! Racy programs (`generate_racy`) go further: any node reads or writes any word, outside any
+//! lock or under any (nested ones too), so writes travel through chains of different locks and
+//! through barriers, and reads race with writes. A happened-before oracle ([`Hb`]) follows the
+//! application's synchronization with vector clocks of its own, and every read must return the
+//! last write that happened before it or a later, concurrent one, never an older one.
+//!
 //! Some runs give every link a speed of its own, and stall links for a while (FIFO still), so
 //! forwards go stale and crossing grants happen often; after every lock step each lock's token
 //! must exist exactly once (at a node, or in one grant in flight) with at most one holder.
@@ -85,6 +91,9 @@ struct Shape {
     skewed: bool,
     /// Views fetching at least this many pages stream (`stream.rs`); 0: none do.
     stream_min_pages: usize,
+    /// Racy programs across locks ([`generate_racy`]), checked by the happened-before oracle
+    /// ([`Hb`]) instead of the sequentially consistent one.
+    racy: bool,
 }
 
 fn generate(rng: &mut Rng, s: &Shape) -> Vec<Vec<Op>> {
@@ -205,6 +214,7 @@ struct Sim {
     nodes: Vec<SimNode>,
     links: Vec<VecDeque<Message>>,
     oracle: Vec<u32>,
+    hb: Option<Hb>,
     n: usize,
     seed: u64,
     /// Validations that completed without a message, as `Node::validates_locally` predicted.
@@ -235,7 +245,13 @@ fn locate(w: u32) -> (PageIdx, usize) {
 impl Sim {
     fn new(seed: u64, s: &Shape) -> Sim {
         let mut rng = Rng(seed);
-        let progs = if s.walks { generate_walks(&mut rng, s) } else { generate(&mut rng, s) };
+        let progs = if s.racy {
+            generate_racy(&mut rng, s)
+        } else if s.walks {
+            generate_walks(&mut rng, s)
+        } else {
+            generate(&mut rng, s)
+        };
         let npages = s.words.div_ceil(WORDS_PER_PAGE);
         let access = if s.n == 1 { Access::ReadWrite } else { Access::Read };
         let nodes = progs
@@ -270,6 +286,7 @@ impl Sim {
             nodes,
             links: vec![VecDeque::new(); s.n * s.n],
             oracle: vec![0; s.words as usize],
+            hb: s.racy.then(|| Hb::new(s.n, s.nlocks as usize, s.words as usize)),
             n: s.n,
             seed,
             local_validations: 0,
@@ -302,6 +319,13 @@ impl Sim {
                 "seed {seed}: node {i}: completion {done:?} while not blocked"
             );
             sn.blocked = false;
+            if let Some(hb) = self.hb.as_mut() {
+                match done {
+                    AppDone::Acquired(l) => hb.acquired(i, l.idx()),
+                    AppDone::BarrierPassed(_) => hb.pass(i),
+                    _ => {}
+                }
+            }
             match done {
                 // Settled: the synchronization it preceded runs next.
                 AppDone::FaultResolved(_) | AppDone::Settled => {}
@@ -324,6 +348,20 @@ impl Sim {
                     self.core(i, |n| n.handle_fault(p, write));
                 } else {
                     let got = u32::from_ne_bytes(sn.node.mem().app_read(p)[off..off + 4].try_into().unwrap());
+                    if let Some(hb) = self.hb.as_mut() {
+                        let (allowed, exact) = hb.allowed(i, w as usize);
+                        assert!(
+                            allowed.contains(&got),
+                            "seed {seed}: node {i} read word {w} ({p}) at pc {}: got {got}, LRC allows \
+                             {allowed:?}; the word's writes (value, node, clock): {:?}",
+                            sn.pc,
+                            hb.hist[w as usize]
+                        );
+                        hb.reads += 1;
+                        hb.exact_reads += u64::from(exact);
+                        sn.pc += 1;
+                        return;
+                    }
                     let want = self.oracle[w as usize];
                     assert_eq!(
                         got, want,
@@ -335,10 +373,21 @@ impl Sim {
             }
             Op::Write(w, v) => {
                 let (p, off) = locate(w);
+                if let Some(hb) = self.hb.as_mut()
+                    && !hb.write_ok(i, w as usize)
+                {
+                    // It races with the word's last write: skipped.
+                    hb.skipped_writes += 1;
+                    sn.pc += 1;
+                    return;
+                }
                 match sn.node.mem().access(p) {
                     Access::ReadWrite => {
                         sn.node.mem_mut().app_write(p)[off..off + 4].copy_from_slice(&v.to_ne_bytes());
                         self.oracle[w as usize] = v;
+                        if let Some(hb) = self.hb.as_mut() {
+                            hb.wrote(i, w as usize, v);
+                        }
                         sn.pc += 1;
                     }
                     Access::Read if self.rng.chance(50) => {
@@ -369,6 +418,9 @@ impl Sim {
                 // As the runtime does on the application thread: done at once, no completion.
                 let mut took = false;
                 self.core(i, |n| n.acquire_if_here(l).map(|t| took = t));
+                if let Some(hb) = self.hb.as_mut() {
+                    hb.acquired(i, l.idx());
+                }
                 assert!(
                     took,
                     "seed {seed}: node {i}: the token of {l} is here but the acquire did not complete"
@@ -381,6 +433,9 @@ impl Sim {
             }
             Op::Release(l) => {
                 sn.pc += 1;
+                if let Some(hb) = self.hb.as_mut() {
+                    hb.released(i, l.idx());
+                }
                 // The runtime runs releases on the application thread (`release_here`), and on
                 // the service thread once the job failed.
                 if self.rng.chance(50) {
@@ -391,6 +446,9 @@ impl Sim {
             }
             Op::Barrier(b) => {
                 sn.blocked = true;
+                if let Some(hb) = self.hb.as_mut() {
+                    hb.arrive(i);
+                }
                 self.core(i, |n| n.request_barrier(b));
             }
             Op::Validate(first, count) => {
@@ -612,6 +670,7 @@ fn program_shape(seed: u64) -> Shape {
         walks: false,
         skewed: pick.below(4) == 0,
         stream_min_pages: [0, 1, 2, 3][pick.below(4) as usize],
+        racy: false,
     }
 }
 
@@ -631,6 +690,7 @@ fn walk_shape(seed: u64) -> Shape {
         walks: true,
         skewed: pick.below(2) == 0,
         stream_min_pages: 0,
+        racy: false,
     }
 }
 
@@ -760,4 +820,217 @@ fn corrupted_messages_are_taken_or_refused_never_a_panic() {
     // The corruptions must reach the protocol, both as messages it refuses and ones it takes.
     let count = |k: &str| outcomes.get(k).copied().unwrap_or(0);
     assert!(count("Refused") > seeds / 4 && count("Taken") > seeds / 20, "{outcomes:?}");
+}
+
+/// The happened-before oracle of racy programs: vector clocks kept at the application's level
+/// (a release orders what came before it at the releaser before the lock's next acquire; a
+/// barrier orders every arrival before every departure), and every word's history of writes. A
+/// write runs only if the word's last write happened before it (a program's write that races
+/// with another write is skipped), so each word's writes are totally ordered by
+/// happened-before; reads may race. A read must return the last write that happened before it,
+/// or a later one (concurrent with the read), never an older one: with no race, exactly one
+/// value.
+struct Hb {
+    /// Per node, its vector clock.
+    vc: Vec<Vec<u32>>,
+    /// Per lock, the clock its last release left.
+    lock_vc: Vec<Vec<u32>>,
+    /// Per barrier episode, the arrivals' clocks.
+    arrivals: Vec<Vec<Vec<u32>>>,
+    /// Per node, the barrier episodes it has passed.
+    episode: Vec<usize>,
+    /// Per word, its writes in order: (value, node, the node's own clock then).
+    hist: Vec<Vec<(u32, usize, u32)>>,
+    skipped_writes: u64,
+    reads: u64,
+    exact_reads: u64,
+}
+
+impl Hb {
+    fn new(n: usize, nlocks: usize, words: usize) -> Hb {
+        let vc = (0..n).map(|i| (0..n).map(|j| u32::from(i == j)).collect()).collect();
+        Hb {
+            vc,
+            lock_vc: vec![vec![0; n]; nlocks],
+            arrivals: Vec::new(),
+            episode: vec![0; n],
+            hist: vec![Vec::new(); words],
+            skipped_writes: 0,
+            reads: 0,
+            exact_reads: 0,
+        }
+    }
+    fn join(a: &mut [u32], b: &[u32]) {
+        for (x, y) in a.iter_mut().zip(b) {
+            *x = (*x).max(*y);
+        }
+    }
+    fn seen(&self, i: usize, node: usize, clock: u32) -> bool {
+        node == i || self.vc[i][node] >= clock
+    }
+    fn acquired(&mut self, i: usize, l: usize) {
+        let lv = self.lock_vc[l].clone();
+        Self::join(&mut self.vc[i], &lv);
+    }
+    fn released(&mut self, i: usize, l: usize) {
+        let v = self.vc[i].clone();
+        Self::join(&mut self.lock_vc[l], &v);
+        self.vc[i][i] += 1;
+    }
+    fn arrive(&mut self, i: usize) {
+        let ep = self.episode[i];
+        if self.arrivals.len() <= ep {
+            self.arrivals.resize(ep + 1, Vec::new());
+        }
+        let v = self.vc[i].clone();
+        self.arrivals[ep].push(v);
+        self.vc[i][i] += 1;
+    }
+    fn pass(&mut self, i: usize) {
+        let ep = self.episode[i];
+        let all = self.arrivals[ep].clone();
+        assert_eq!(all.len(), self.vc.len(), "passed a barrier before everybody arrived");
+        for v in &all {
+            Self::join(&mut self.vc[i], v);
+        }
+        self.episode[i] += 1;
+    }
+    fn write_ok(&self, i: usize, w: usize) -> bool {
+        self.hist[w].last().is_none_or(|&(_, n, c)| self.seen(i, n, c))
+    }
+    fn wrote(&mut self, i: usize, w: usize, v: u32) {
+        let c = self.vc[i][i];
+        self.hist[w].push((v, i, c));
+    }
+    /// The values a read of `w` at node `i` may return, and whether that is exactly one.
+    fn allowed(&self, i: usize, w: usize) -> (Vec<u32>, bool) {
+        let h = &self.hist[w];
+        let k = h.iter().rposition(|&(_, n, c)| self.seen(i, n, c));
+        let mut vals: Vec<u32> = match k {
+            Some(k) => h[k..].iter().map(|e| e.0).collect(),
+            None => std::iter::once(0).chain(h.iter().map(|e| e.0)).collect(),
+        };
+        vals.dedup();
+        let exact = vals.len() == 1;
+        (vals, exact)
+    }
+}
+
+/// Random racy programs whose accesses cross locks: any word read or written anywhere, outside
+/// any lock or under any (nested locks taken in order), so that writes reach readers through
+/// chains of different locks and through barriers; [`Hb`] skips the writes that race.
+fn generate_racy(rng: &mut Rng, s: &Shape) -> Vec<Vec<Op>> {
+    let mut progs = vec![Vec::new(); s.n];
+    let mut counter = 0u32;
+    let npages = s.words.div_ceil(WORDS_PER_PAGE);
+    for phase in 0..s.phases {
+        for prog in progs.iter_mut() {
+            for _ in 0..rng.below(30) {
+                if rng.chance(10) {
+                    let first = rng.below(u64::from(npages)) as u32;
+                    prog.push(Op::Validate(first, 1 + rng.below(u64::from(npages - first)) as u32));
+                }
+                let w = rng.below(u64::from(s.words)) as u32;
+                if rng.chance(45) {
+                    let a = rng.below(u64::from(s.nlocks)) as u32;
+                    let b = rng.below(u64::from(s.nlocks)) as u32;
+                    let mut ls = vec![a.min(b)];
+                    if a != b && rng.chance(40) {
+                        ls.push(a.max(b));
+                    }
+                    for &l in &ls {
+                        prog.push(Op::Acquire(LockId(l)));
+                    }
+                    for _ in 0..rng.below(5) {
+                        let w = rng.below(u64::from(s.words)) as u32;
+                        counter += 1;
+                        prog.push(if rng.chance(50) { Op::Write(w, counter) } else { Op::Read(w) });
+                    }
+                    for &l in ls.iter().rev() {
+                        prog.push(Op::Release(LockId(l)));
+                    }
+                } else {
+                    counter += 1;
+                    prog.push(if rng.chance(40) { Op::Write(w, counter) } else { Op::Read(w) });
+                }
+            }
+            prog.push(Op::Barrier(BarrierId((phase % 3) as u32)));
+        }
+    }
+    for prog in &mut progs {
+        prog.extend((0..s.words).map(Op::Read));
+    }
+    progs
+}
+
+fn racy_shape(seed: u64) -> Shape {
+    let mut pick = Rng(seed ^ 0xd1a);
+    Shape {
+        n: 2 + pick.below(3) as usize,
+        words: WORDS_PER_PAGE * (1 + pick.below(4) as u32),
+        nlocks: 1 + pick.below(4) as u32,
+        phases: 1 + pick.below(6) as usize,
+        gc_threshold: [u64::MAX, 0, 300, 2000][pick.below(4) as usize],
+        push: pick.below(4) != 0,
+        push_skip: pick.below(2) != 0,
+        lock_bundle: [0, 1, 2, 8][pick.below(4) as usize],
+        walks: false,
+        skewed: pick.below(4) == 0,
+        stream_min_pages: [0, 1, 2, 3][pick.below(4) as usize],
+        racy: true,
+    }
+}
+
+#[test]
+fn racy_programs_across_locks_read_values_happened_before_allows() {
+    let (from, to) = match std::env::var("TMK_SIM_SEED").ok().and_then(|s| s.parse::<u64>().ok()) {
+        Some(seed) => (seed, seed + 1),
+        // `TMK_SIM_SEEDS=<n>` runs more seeds (the suite runs 5,000).
+        None => (0, std::env::var("TMK_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(5000)),
+    };
+    let (mut reads, mut exact, mut skipped) = (0, 0, 0);
+    let mut totals = ProtocolStats::default();
+    for seed in from..to {
+        let shape = racy_shape(seed);
+        let (n, words, nlocks, phases) = (shape.n, shape.words, shape.nlocks, shape.phases);
+        let run = std::panic::catch_unwind(|| {
+            let mut sim = Sim::new(seed, &shape);
+            sim.run();
+            let hb = sim.hb.as_ref().expect("a racy run has its oracle");
+            let stats: Vec<ProtocolStats> = sim.nodes.iter().map(|sn| sn.node.stats().clone()).collect();
+            (hb.reads, hb.exact_reads, hb.skipped_writes, stats)
+        });
+        match run {
+            Ok((r, e, k, stats)) => {
+                (reads, exact, skipped) = (reads + r, exact + e, skipped + k);
+                for s in &stats {
+                    totals += s;
+                }
+            }
+            Err(e) => {
+                let msg = e.downcast_ref::<String>().cloned().unwrap_or_default();
+                panic!(
+                    "racy simulation failed for seed {seed} ({n} nodes, {words} words, {nlocks} locks, \
+                     {phases} phases): {msg}\nreplay: TMK_SIM_SEED={seed} cargo test -p treadmarks sim"
+                );
+            }
+        }
+    }
+    eprintln!("racy: reads {reads}, exact {exact}, writes skipped {skipped}; totals {totals:?}");
+    if to - from < 1000 {
+        return;
+    }
+    // The runs must race (reads with several allowed values, writes skipped) and move data
+    // through the protocol's every path, or the oracle proves little.
+    assert!(
+        reads > 100_000 && exact < reads && exact > reads / 2 && skipped > 1000,
+        "{reads} {exact} {skipped}"
+    );
+    assert!(totals.diffs_applied > 10_000 && totals.diffs_piggybacked > 10_000, "{totals:?}");
+    assert!(totals.lock_acquires_remote > 10_000 && totals.fast_twins > 10_000, "{totals:?}");
+    assert!(
+        totals.pushes_used > 1000 && totals.pushes_in_place > 100 && totals.collections > 100,
+        "{totals:?}"
+    );
+    assert!(totals.streams > 500 && totals.lock_tokens_bundled > 100, "{totals:?}");
 }
