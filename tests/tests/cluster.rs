@@ -100,6 +100,24 @@ fn a_node_whose_application_returns_an_error_tells_the_others_why() {
 }
 
 #[test]
+fn an_exit_while_a_node_waits_at_a_barrier_fails_the_job_naming_both() {
+    for (backend, out) in run("exit-at-barrier", 3, 25).iter() {
+        assert_ne!(out.code, Some(0), "{backend}: {out:#?}");
+        let why = "called exit while node 0 waits at barrier 1";
+        survivors_say(backend, out, &[0, 1, 2], why);
+    }
+}
+
+#[test]
+fn a_failed_exit_is_what_the_peers_are_told() {
+    for (backend, out) in run("exit-holding", 2, 26).iter() {
+        assert_ne!(out.code, Some(0), "{backend}: {out:#?}");
+        let why = "node 1 aborted the job: its exit failed: exit while holding lock 3";
+        survivors_say(backend, out, &[0], why);
+    }
+}
+
+#[test]
 fn a_failed_jobs_service_thread_waits_idle_for_the_exit() {
     for (backend, out) in run("quiet-after-peer-death", 2, 21).iter() {
         let ticks: u64 = out

@@ -234,12 +234,85 @@ where
     v.trim().parse().map_err(|e| invalid(name, v, e))
 }
 
+/// The settings the `TMK_*` variables hold (the table in the module docs).
+pub const SETTINGS: &[&str] = &[
+    "TMK_NPROCS",
+    "TMK_RANK",
+    "TMK_ROOT",
+    "TMK_HEAP_SIZE",
+    "TMK_HEAP_BASE",
+    "TMK_LOCKS",
+    "TMK_BARRIERS",
+    "TMK_GC_THRESHOLD",
+    "TMK_PIN",
+    "TMK_SERVICE_RT",
+    "TMK_SERVICE_SPIN_US",
+    "TMK_SPIN_US",
+    "TMK_CONSISTENCY_LIMIT",
+    "TMK_DIFF_RESERVE",
+    "TMK_TWIN_RESERVE",
+    "TMK_MALLOC_RESERVE",
+    "TMK_PUSH",
+    "TMK_PUSH_SKIP",
+    "TMK_BACK_HEAP",
+    "TMK_LOCK_BUNDLE",
+    "TMK_STREAM_MIN_PAGES",
+    "TMK_STATS",
+    "TMK_CONNECT_TIMEOUT",
+    "TMK_FAULTS",
+];
+
+/// `TMK_*` names this workspace's tests and tools use among themselves (not settings).
+const INTERNAL_PREFIXES: &[&str] = &[
+    "TMK_SIM_",
+    "TMK_TEST_",
+    "TMK_BENCH_",
+    "TMK_LAUNCHER_PID",
+    "TMK_MEM_TEST_CHILD",
+    "TMK_BIG_HEAP_CHILD",
+    "TMK_REQUIRE_NETNS",
+];
+
+/// A warning for each `TMK_*` variable among `names` that is no setting (a typo, most likely,
+/// which would otherwise be ignored in silence), naming the setting it is closest to.
+pub fn unknown_settings<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+    names
+        .into_iter()
+        .filter(|n| n.starts_with("TMK_") && !SETTINGS.contains(n))
+        .filter(|n| !INTERNAL_PREFIXES.iter().any(|p| n.starts_with(p)))
+        .map(|n| {
+            let near =
+                SETTINGS.iter().min_by_key(|s| edit_distance(n, s)).filter(|s| edit_distance(n, s) <= 3);
+            match near {
+                Some(s) => format!("{n} is not a setting, and is ignored (did you mean {s}?)"),
+                None => format!("{n} is not a setting, and is ignored"),
+            }
+        })
+        .collect()
+}
+
+/// Levenshtein distance of two ASCII names.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b = b.as_bytes();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.bytes().enumerate() {
+        let mut diag = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let next = (diag + usize::from(ca != cb)).min(row[j] + 1).min(row[j + 1] + 1);
+            diag = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
 /// Parses `1048576`, `64KiB`, `256MiB`, `1GiB` (also `K`, `M`, `G`, `KB`...: powers of 1024).
 pub fn parse_size(name: &'static str, v: &str) -> Result<usize, ConfigError> {
     let t = v.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (digits, unit) = t.split_at(split);
-    let n: usize = num(name, digits)?;
+    let n: usize = digits.parse().map_err(|e| invalid(name, v, e))?;
     let shift = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 0,
         "k" | "kb" | "kib" => 10,
@@ -412,6 +485,9 @@ impl Config {
         if let Some(&(name, value, max, what)) = bounds.iter().find(|b| b.1 > b.2) {
             return Err(invalid(name, &value.to_string(), format!("at most {max} {what}")));
         }
+        if self.connect_timeout.is_zero() {
+            return Err(invalid("TMK_CONNECT_TIMEOUT", "0", "at least 1 s: the nodes need time to meet"));
+        }
         Ok(())
     }
 
@@ -458,6 +534,35 @@ mod tests {
         assert_eq!(parse_size("x", "4096").unwrap(), 4096);
         let e = parse_size("TMK_HEAP_SIZE", "3 parsecs").unwrap_err().to_string();
         assert!(e.contains("TMK_HEAP_SIZE") && e.contains("parsecs"), "{e}");
+        // A value without digits is named whole, not as the empty digits before its unit.
+        let e = parse_size("TMK_HEAP_SIZE", "foo").unwrap_err().to_string();
+        assert!(e.contains("\"foo\""), "{e}");
+    }
+
+    #[test]
+    fn every_setting_read_is_known_and_typos_are_named_with_the_setting_meant() {
+        // Every variable this module reads through `env` is among the settings.
+        let source = include_str!("config.rs");
+        for read in source.split("env(\"").skip(1) {
+            let name = &read[..read.find('"').expect("a quoted name")];
+            assert!(SETTINGS.contains(&name), "{name} is read but not among SETTINGS");
+        }
+        assert!(unknown_settings(SETTINGS.iter().copied()).is_empty());
+        assert!(unknown_settings(["PATH", "TMK_SIM_SEEDS", "TMK_BENCH_JSON", "TMK_LAUNCHER_PID"]).is_empty());
+        assert_eq!(
+            unknown_settings(["TMK_NPROC", "TMK_BOGUS_SETTING_OF_MINE"]),
+            [
+                "TMK_NPROC is not a setting, and is ignored (did you mean TMK_NPROCS?)",
+                "TMK_BOGUS_SETTING_OF_MINE is not a setting, and is ignored",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_zero_connect_timeout_is_refused() {
+        let c = Config { connect_timeout: Duration::ZERO, ..Config::default() };
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("TMK_CONNECT_TIMEOUT") && e.contains("at least 1 s"), "{e}");
     }
 
     #[test]

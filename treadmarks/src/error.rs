@@ -6,7 +6,10 @@ use crate::protocol::{NodeId, ProtocolError};
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong in a treadmarks call.
-#[derive(Debug, thiserror::Error)]
+///
+/// Its `Debug` form is its message, as `Display` gives it, since that is what a program whose
+/// `main` returns [`Result`] prints when it fails; `{:#?}` shows the variant and its fields.
+#[derive(thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
@@ -34,4 +37,46 @@ pub enum Error {
     /// A distributed value of the wrong size.
     #[error("distribute: node 0 sent {got} bytes, this node expected {want}")]
     DistributeSize { got: usize, want: usize },
+}
+
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if !f.alternate() {
+            return write!(f, "{self}");
+        }
+        match self {
+            Error::Config(e) => f.debug_tuple("Config").field(e).finish(),
+            Error::Mem(e) => f.debug_tuple("Mem").field(e).finish(),
+            Error::Transport(e) => f.debug_tuple("Transport").field(e).finish(),
+            Error::Protocol(e) => f.debug_tuple("Protocol").field(e).finish(),
+            Error::NodeExited { node, status } => {
+                f.debug_struct("NodeExited").field("node", node).field("status", status).finish()
+            }
+            Error::Spawn { node, source } => {
+                f.debug_struct("Spawn").field("node", node).field("source", source).finish()
+            }
+            Error::Failed(why) => f.debug_tuple("Failed").field(why).finish(),
+            Error::TooLarge { count, size } => {
+                f.debug_struct("TooLarge").field("count", count).field("size", size).finish()
+            }
+            Error::View(e) => f.debug_tuple("View").field(e).finish(),
+            Error::DistributeSize { got, want } => {
+                f.debug_struct("DistributeSize").field("got", got).field("want", want).finish()
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_is_the_message_and_alternate_debug_the_structure() {
+        let e =
+            Error::Protocol(ProtocolError::UnknownLock { lock: crate::protocol::LockId(5000), nlocks: 1024 });
+        // What `fn main() -> treadmarks::Result<()>` prints after "Error: ".
+        assert_eq!(format!("{e:?}"), "lock 5000 is out of range: this job has 1024 locks (ids 0..1024)");
+        assert!(format!("{e:#?}").starts_with("Protocol(\n    UnknownLock {"), "{e:#?}");
+    }
 }

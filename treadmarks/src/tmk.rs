@@ -63,6 +63,10 @@ pub struct Tmk {
     /// Time spent validating views (views take `&self`, hence the cell).
     view_wait: std::cell::Cell<Duration>,
     exited: bool,
+    /// The last error a call into the runtime returned, or that of a failed exit: what the
+    /// peers are told if the application leaves without exiting (`Drop`).
+    last_error: Option<String>,
+    exit_failed: bool,
     /// Locks this node holds (releases are checked here, since they do not wait for a reply).
     held: Vec<u32>,
     nlocks: u32,
@@ -88,6 +92,12 @@ impl Tmk {
             Role::Member { rank } => NodeId(rank),
         };
         launch::follow_launcher();
+        if me == NodeId(0) {
+            let names: Vec<String> = std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()).collect();
+            for warning in crate::config::unknown_settings(names.iter().map(String::as_str)) {
+                crate::report(&format!("treadmarks: warning: {warning}"));
+            }
+        }
         // A 1-node job never protects its heap, so it needs no fault backend.
         let backend = if n > 1 { crate::mem::select_backend(config.faults)? } else { FaultBackend::Mprotect };
         let layout = HeapLayout { base: config.heap_base, size: config.heap_size, protect: n > 1 };
@@ -194,6 +204,8 @@ impl Tmk {
             barrier_wait: Duration::ZERO,
             view_wait: std::cell::Cell::new(Duration::ZERO),
             exited: false,
+            last_error: None,
+            exit_failed: false,
             held: Vec::new(),
             nlocks: config.nlocks,
             _faults: faults,
@@ -217,7 +229,11 @@ impl Tmk {
     }
 
     fn call(&mut self, cmd: Command) -> Result<Reply> {
-        self.engine.call(cmd)
+        let reply = self.engine.call(cmd);
+        if let Err(e) = &reply {
+            self.last_error = Some(e.to_string());
+        }
+        reply
     }
 
     fn done(&mut self, cmd: Command) -> Result<AppDone> {
@@ -535,8 +551,10 @@ impl Tmk {
     /// Orderly end of the job: waits until every node has called `exit`, prints statistics if
     /// asked (`TMK_STATS=1`), and on node 0 of a local job reaps the other nodes, reporting any
     /// that failed. Required: a `Tmk` dropped without it fails the job (its peers are told that
-    /// its application left without calling exit). Exiting while holding a lock is an error
-    /// ([`ProtocolError::ExitHolding`]).
+    /// its application left without calling exit, and the last error treadmarks returned it, if
+    /// any). Exiting while holding a lock is an error ([`ProtocolError::ExitHolding`]), and so is
+    /// exiting while another node waits at a barrier ([`ProtocolError::ExitAtBarrier`]); the
+    /// peers are told.
     pub fn exit(mut self) -> Result<()> {
         self.exit_inner().map(drop)
     }
@@ -547,6 +565,15 @@ impl Tmk {
     }
 
     fn exit_inner(&mut self) -> Result<Stats> {
+        let exited = self.rendezvous();
+        if let Err(e) = &exited {
+            (self.last_error, self.exit_failed) = (Some(e.to_string()), true);
+        }
+        exited
+    }
+
+    /// The exit itself: [`Tmk::exit`] less the note of its failure.
+    fn rendezvous(&mut self) -> Result<Stats> {
         let stats = self.stats()?;
         self.done(Command::Exit)?;
         self.exited = true;
@@ -569,7 +596,17 @@ impl Drop for Tmk {
     /// nodes to exit, killing those that do not, and reap them.
     fn drop(&mut self) {
         if !self.exited && matches!(self.engine, Engine::Remote { .. }) {
-            let _ = self.engine.call(Command::Shutdown { panicking: std::thread::panicking() });
+            let why = match (&self.last_error, self.exit_failed) {
+                (Some(e), true) => format!("its exit failed: {e}"),
+                _ if std::thread::panicking() => {
+                    "its application left without calling exit (it panicked)".into()
+                }
+                (Some(e), false) => format!(
+                    "its application left without calling exit (the last error treadmarks returned it: {e})"
+                ),
+                (None, _) => "its application left without calling exit (an error or an early return)".into(),
+            };
+            let _ = self.engine.call(Command::Shutdown { why });
             let _ = self.engine.join();
         }
         // The other nodes notice a failed job within seconds and exit by themselves, saying why;

@@ -446,6 +446,26 @@ fn give_up(tmk: &mut Tmk) -> R {
     Err(Error::Failed("the job went on without node 2".into()))
 }
 
+/// Node 0 waits at barrier 1 while the others go on to exit: the manager must fail the job
+/// naming both, not leave everybody waiting.
+fn exit_at_barrier(tmk: &mut Tmk) -> R {
+    tmk.barrier(0)?;
+    if tmk.proc_id() == 0 {
+        tmk.barrier(1)?;
+        return Err(Error::Failed("node 0 passed barrier 1 alone".into()));
+    }
+    Ok(())
+}
+
+/// Node 1 goes on to exit holding lock 3: its exit fails, and its peers must hear why.
+fn exit_holding(tmk: &mut Tmk) -> R {
+    tmk.barrier(0)?;
+    if tmk.proc_id() == 1 {
+        tmk.lock_acquire(3)?;
+    }
+    Ok(())
+}
+
 /// Node 1 writes four pages and dies after the barrier. Node 0 reads them inside `eprintln!`,
 /// holding the standard library's lock on standard error: its service thread learns of the
 /// death meanwhile, and when the read faults, the node must report and exit, not wait for that
@@ -718,6 +738,8 @@ fn main() -> ExitCode {
             "serve-while-writing" => serve_while_writing(&mut tmk),
             "gc-counter" => gc_counter(&mut tmk),
             "gc-base-copy" => gc_base_copy(&mut tmk),
+            "exit-at-barrier" => exit_at_barrier(&mut tmk),
+            "exit-holding" => exit_holding(&mut tmk),
             other => Err(Error::Failed(format!("unknown scenario {other:?}"))),
         };
         r?;

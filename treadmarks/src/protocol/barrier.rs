@@ -147,6 +147,13 @@ impl<M: PageMemory> Node<M> {
                 what: format!("arrival announcing a push to {bad}"),
             });
         }
+        if let Some(exited) = self.exit_arrived.iter().position(|&e| e) {
+            return Err(ProtocolError::ExitAtBarrier {
+                exited: NodeId(exited as u16),
+                waiting: from,
+                barrier,
+            });
+        }
         let ep = &mut self.barrier;
         match ep.barrier {
             Some(expected) if expected != barrier => {
@@ -166,6 +173,12 @@ impl<M: PageMemory> Node<M> {
             self.complete_barrier(barrier)?;
         }
         Ok(())
+    }
+
+    /// The barrier an episode is open at (at the manager), and the first node waiting there.
+    pub(crate) fn open_barrier(&self) -> Option<(BarrierId, NodeId)> {
+        let waiting = self.barrier.arrived.iter().position(Option::is_some)?;
+        Some((self.barrier.barrier?, NodeId(waiting as u16)))
     }
 
     fn complete_barrier(&mut self, barrier: BarrierId) -> Result<(), ProtocolError> {

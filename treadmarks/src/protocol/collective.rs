@@ -177,6 +177,9 @@ impl<M: PageMemory> Node<M> {
                 if self.me != ROOT || std::mem::replace(&mut self.exit_arrived[from.idx()], true) {
                     return Err(unexpected("exit arrival"));
                 }
+                if let Some((barrier, waiting)) = self.open_barrier() {
+                    return Err(ProtocolError::ExitAtBarrier { exited: from, waiting, barrier });
+                }
                 if self.exit_arrived.iter().all(|&a| a) {
                     for n in 1..self.cfg.nprocs {
                         self.outbox.push_back((NodeId(n), Message::ExitRelease));

@@ -34,6 +34,12 @@ pub enum ProtocolError {
     /// Nodes disagree about which barrier they are at.
     #[error("{node} arrived at {got} while the others are at {expected}")]
     BarrierMismatch { node: NodeId, expected: BarrierId, got: BarrierId },
+    /// A node called exit while another waits at a barrier, or arrived at one after another
+    /// called exit: they would wait for each other forever.
+    #[error(
+        "{exited} called exit while {waiting} waits at {barrier}: every node must pass the same barriers before it exits"
+    )]
+    ExitAtBarrier { exited: NodeId, waiting: NodeId, barrier: BarrierId },
     /// An allocation failed.
     #[error(transparent)]
     Alloc(#[from] AllocFailure),

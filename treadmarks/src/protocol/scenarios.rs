@@ -1641,3 +1641,30 @@ fn a_page_copy_served_while_the_application_runs_sends_the_handlers_twin() {
     net.nodes[0].request_barrier(BarrierId(0)).unwrap();
     assert!(net.nodes[0].stats().write_notices_made >= 1, "the write is noticed");
 }
+
+#[test]
+fn an_exit_while_another_node_waits_at_a_barrier_is_an_error_naming_both() {
+    // Node 0 (the manager) waits at barrier 1 when node 1 calls exit: they would wait for each
+    // other forever.
+    let mut net = Net::new(2);
+    net.nodes[0].request_barrier(BarrierId(1)).unwrap();
+    net.nodes[1].request_exit().unwrap();
+    let Some((to, msg)) = net.nodes[1].poll_transmit() else { panic!("no exit arrival") };
+    assert_eq!(to, NodeId(0));
+    let err = net.nodes[0].handle_message(NodeId(1), msg).expect_err("a mismatch");
+    assert_eq!(
+        err,
+        ProtocolError::ExitAtBarrier { exited: NodeId(1), waiting: NodeId(0), barrier: BarrierId(1) }
+    );
+    assert!(err.to_string().contains("node 1 called exit while node 0 waits at barrier 1"), "{err}");
+
+    // The other way round: node 1 has called exit when node 0 arrives.
+    let mut net = Net::new(2);
+    net.nodes[1].request_exit().unwrap();
+    net.settle();
+    let err = net.nodes[0].request_barrier(BarrierId(0)).expect_err("a mismatch");
+    assert_eq!(
+        err,
+        ProtocolError::ExitAtBarrier { exited: NodeId(1), waiting: NodeId(0), barrier: BarrierId(0) }
+    );
+}

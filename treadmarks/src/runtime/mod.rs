@@ -76,10 +76,10 @@ pub(crate) enum Command {
     },
     Stats,
     /// Stop the service thread (the application left without [`crate::Tmk::exit`], after an
-    /// error or a panic, `panicking`): tell the peers why, flush what is queued, notably abort
-    /// messages, then answer.
+    /// error or a panic, or its exit failed): tell the peers `why`, flush what is queued, notably
+    /// abort messages, then answer.
     Shutdown {
-        panicking: bool,
+        why: String,
     },
 }
 

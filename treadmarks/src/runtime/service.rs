@@ -332,13 +332,12 @@ impl Service {
             }
             return;
         }
-        if let Command::Shutdown { panicking } = cmd {
+        if let Command::Shutdown { why } = cmd {
             // Unless the job failed already (and the peers were told why), they would see only
             // a closed connection, as from a node that was killed. Failed while the application
             // counts as running, nothing is answered yet: the answer comes once the abort is
             // flushed (`run`).
-            let how = if panicking { "it panicked" } else { "an error or an early return" };
-            self.fail(format!("its application left without calling exit ({how})"));
+            self.fail(why);
             self.app_waits(App::InCommand);
             self.shutdown = true;
             return;
