@@ -4,7 +4,7 @@
 mod support;
 
 use std::time::Duration;
-use support::{Job, heap_base, run, run_with, testnode};
+use support::{Job, heap_base, run, run_on, run_with, testnode};
 
 #[test]
 fn four_nodes_count_to_4000_under_one_lock() {
@@ -115,6 +115,36 @@ fn a_failed_exit_is_what_the_peers_are_told() {
         let why = "node 1 aborted the job: its exit failed: exit while holding lock 3";
         survivors_say(backend, out, &[0], why);
     }
+}
+
+#[test]
+fn a_job_leaves_cpus_another_job_is_pinned_to_unpinned() {
+    let cpus = treadmarks::mem::sched::allowed_cpus();
+    if cpus < 2 {
+        return; // nothing to pin apart
+    }
+    // Stand-in for another job's launcher: the first CPU claimed (a job claims all it pins to
+    // or none). Other tests' jobs may hold it for a moment.
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let held = loop {
+        if let Some(held) = treadmarks::mem::sched::CpuClaims::take(1) {
+            break held;
+        }
+        assert!(std::time::Instant::now() < deadline, "the first CPU stayed claimed for 120 s");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    for (backend, out) in run("affinity", 2, 27).iter() {
+        out.assert_pass("affinity");
+        for node in 0..2 {
+            let line = format!("NODE {node} CPUS {cpus}");
+            assert!(out.stdout.lines().any(|l| l == line), "{backend}: node {node} pinned: {out:#?}");
+        }
+    }
+    // Asked for, a job pins anyway.
+    let out = run_on("uffd", "affinity", 2, 27, &[("TMK_PIN", "1")]);
+    out.assert_pass("affinity");
+    assert!(out.stdout.lines().any(|l| l == "NODE 1 CPUS 1"), "{out:#?}");
+    drop(held);
 }
 
 #[test]

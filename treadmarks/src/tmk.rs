@@ -57,6 +57,8 @@ pub struct Tmk {
     // Field order is drop order: stop the runtime, then the fault handler, then the heap.
     engine: Engine,
     children: Option<Children>,
+    /// The launcher's claim on the CPUs its job is pinned to, held for the job's life.
+    _cpu_claims: Option<crate::mem::sched::CpuClaims>,
     borrows: BorrowTracker,
     lock_wait: Duration,
     barrier_wait: Duration,
@@ -124,6 +126,7 @@ impl Tmk {
         let node = Node::new(node_cfg, pages);
         let mut children = None;
         let mut watch = None;
+        let mut cpu_claims = None;
         let (engine, faults) = if n == 1 {
             (Engine::Local { node: Box::new(node), stats: Box::new(Stats::new(me, 1)) }, None)
         } else {
@@ -133,7 +136,14 @@ impl Tmk {
                     let l = TcpListener::bind(want)
                         .map_err(|e| Error::Failed(format!("cannot listen on {want}: {e}")))?;
                     let addr = l.local_addr().map_err(|e| Error::Failed(e.to_string()))?;
-                    watch = Some(StartupWatch::new(Children::spawn(n, addr)?));
+                    // Pinned only on CPUs no other job here is pinned to (`CpuClaims`), unless
+                    // the user says; the nodes hear the decision from the launcher.
+                    if config.pin.is_none() {
+                        let cpus = crate::mem::sched::allowed_cpus().min(usize::from(n));
+                        cpu_claims = crate::mem::sched::CpuClaims::take(cpus);
+                    }
+                    let pin = config.pin.unwrap_or(cpu_claims.is_some());
+                    watch = Some(StartupWatch::new(Children::spawn(n, addr, pin)?));
                     (Some(l), addr)
                 }
                 Role::Member { .. } => (None, config.root.expect("validated: members know the root")),
@@ -143,7 +153,11 @@ impl Tmk {
             // TLB shootdown on another CPU and its threads hand work to each other on one run
             // queue; a real-time service thread then preempts its own application at once.
             let cpus = crate::mem::sched::allowed_cpus();
-            let pinned = config.pin.unwrap_or(local_job) && crate::mem::sched::pin_to_cpu(me.idx()).is_some();
+            let pin = match config.role {
+                Role::Launcher => config.pin.unwrap_or(cpu_claims.is_some()),
+                Role::Member { .. } => config.pin.unwrap_or(local_job),
+            };
+            let pinned = pin && crate::mem::sched::pin_to_cpu(me.idx()).is_some();
             let service_rt = config.service_rt.unwrap_or(pinned);
             // A node with a CPU of its own wastes nothing by polling while its application
             // waits; a node sharing one would take it from the other node's computation.
@@ -199,6 +213,7 @@ impl Tmk {
             stats_json: config.stats_json,
             engine,
             children,
+            _cpu_claims: cpu_claims,
             borrows: BorrowTracker::claim(heap.clone()).expect("the heap was just mapped"),
             lock_wait: Duration::ZERO,
             barrier_wait: Duration::ZERO,

@@ -457,6 +457,12 @@ fn exit_at_barrier(tmk: &mut Tmk) -> R {
     Ok(())
 }
 
+/// Each node says how many CPUs it may run on (1: pinned).
+fn affinity(tmk: &mut Tmk) -> R {
+    println!("NODE {} CPUS {}", tmk.proc_id(), treadmarks::mem::sched::allowed_cpus());
+    tmk.barrier(0)
+}
+
 /// Node 1 goes on to exit holding lock 3: its exit fails, and its peers must hear why.
 fn exit_holding(tmk: &mut Tmk) -> R {
     tmk.barrier(0)?;
@@ -740,6 +746,7 @@ fn main() -> ExitCode {
             "gc-base-copy" => gc_base_copy(&mut tmk),
             "exit-at-barrier" => exit_at_barrier(&mut tmk),
             "exit-holding" => exit_holding(&mut tmk),
+            "affinity" => affinity(&mut tmk),
             other => Err(Error::Failed(format!("unknown scenario {other:?}"))),
         };
         r?;

@@ -6,6 +6,57 @@
 //! its service thread asks for real-time priority, which makes it preempt its own application
 //! thread as soon as it wakes.
 
+/// The CPUs a job started here pins its nodes to, held against other treadmarks jobs on this
+/// machine while its launcher lives: an exclusive `flock` on `treadmarks-cpu<N>.lock` in the
+/// temporary directory for each, which the kernel drops when the process exits, however it
+/// exits. Two jobs pinned to the same CPUs would each take ~4 times as long as alone where
+/// sharing the CPUs unpinned costs each twice: their polling and real-time service threads
+/// compete on every CPU.
+#[derive(Debug)]
+pub struct CpuClaims(Vec<nix::fcntl::Flock<std::fs::File>>);
+
+impl CpuClaims {
+    /// Claims the first `count` of the CPUs this process may run on (those [`pin_to_cpu`] gives
+    /// indices `0..count`), all or none: `None` if another process holds any of them.
+    pub fn take(count: usize) -> Option<CpuClaims> {
+        use nix::fcntl::{Flock, FlockArg};
+        let cpus = allowed_cpu_list()?;
+        let mut held = Vec::new();
+        for &cpu in cpus.iter().take(count) {
+            let path = std::env::temp_dir().join(format!("treadmarks-cpu{cpu}.lock"));
+            // Anyone may lock a file they can read: another user's lock file is opened read-only.
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .or_else(|_| std::fs::File::open(&path))
+                .ok()?;
+            held.push(Flock::lock(file, FlockArg::LockExclusiveNonblock).ok()?);
+        }
+        Some(CpuClaims(held))
+    }
+
+    /// CPUs held.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether none is held.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// The CPUs this process may run on, in ascending order.
+fn allowed_cpu_list() -> Option<Vec<usize>> {
+    use nix::sched::{CpuSet, sched_getaffinity};
+    use nix::unistd::Pid;
+    let allowed = sched_getaffinity(Pid::from_raw(0)).ok()?;
+    Some((0..CpuSet::count()).filter(|&c| allowed.is_set(c).unwrap_or(false)).collect())
+}
+
 /// How the service thread was scheduled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ServicePriority {
@@ -28,21 +79,15 @@ pub fn prioritize_service_thread() -> ServicePriority {
 
 /// How many CPUs the calling thread may run on.
 pub fn allowed_cpus() -> usize {
-    use nix::sched::{CpuSet, sched_getaffinity};
-    use nix::unistd::Pid;
-    match sched_getaffinity(Pid::from_raw(0)) {
-        Ok(set) => (0..CpuSet::count()).filter(|&c| set.is_set(c).unwrap_or(false)).count(),
-        Err(_) => 1,
-    }
+    allowed_cpu_list().map_or(1, |cpus| cpus.len())
 }
 
 /// Pins the calling thread, and the threads it starts afterwards, to one CPU among those it may
 /// run on: the `index`-th, modulo their number. Returns the CPU, or `None` if the kernel refused.
 pub fn pin_to_cpu(index: usize) -> Option<usize> {
-    use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
+    use nix::sched::{CpuSet, sched_setaffinity};
     use nix::unistd::Pid;
-    let allowed = sched_getaffinity(Pid::from_raw(0)).ok()?;
-    let cpus: Vec<usize> = (0..CpuSet::count()).filter(|&c| allowed.is_set(c).unwrap_or(false)).collect();
+    let cpus = allowed_cpu_list()?;
     let cpu = *cpus.get(index % cpus.len().max(1))?;
     let mut one = CpuSet::new();
     one.set(cpu).ok()?;

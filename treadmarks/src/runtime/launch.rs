@@ -67,7 +67,8 @@ impl StartupWatch {
 
 impl Children {
     /// Spawns nodes `1..nprocs`, meeting at `root`.
-    pub fn spawn(nprocs: u16, root: SocketAddr) -> Result<Children> {
+    /// `pin`: the launcher's decision to pin the job's nodes, passed on as `TMK_PIN`.
+    pub fn spawn(nprocs: u16, root: SocketAddr, pin: bool) -> Result<Children> {
         let exe = std::env::current_exe().map_err(|source| Error::Spawn { node: NodeId(1), source })?;
         let mut children = Children::default();
         for rank in 1..nprocs {
@@ -78,6 +79,7 @@ impl Children {
                 .env("TMK_NPROCS", nprocs.to_string())
                 .env("TMK_ROOT", root.to_string())
                 .env("TMK_LAUNCHER_PID", std::process::id().to_string())
+                .env("TMK_PIN", if pin { "1" } else { "0" })
                 .spawn()
                 .map_err(|source| Error::Spawn { node, source })?;
             children.procs.push((node, child));
