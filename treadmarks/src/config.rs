@@ -199,15 +199,14 @@ fn invalid(name: &'static str, value: &str, why: impl ToString) -> ConfigError {
 
 /// This machine's memory (`MemTotal` in `/proc/meminfo`), if it can be read.
 fn physical_memory() -> Option<u64> {
+    meminfo("MemTotal:")
+}
+
+/// A figure of `/proc/meminfo` (`field` with its colon), in bytes, if it can be read.
+fn meminfo(field: &str) -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib: u64 = info
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))?
-        .trim()
-        .strip_suffix("kB")?
-        .trim()
-        .parse()
-        .ok()?;
+    let kib: u64 =
+        info.lines().find_map(|l| l.strip_prefix(field))?.trim().strip_suffix("kB")?.trim().parse().ok()?;
     Some(kib << 10)
 }
 
@@ -509,6 +508,44 @@ impl Config {
         self.diff_reserve.unwrap_or(self.gc_threshold + crate::mem::chunk::CHUNK as u64)
     }
 
+    /// Memory a node of a multi-node job backs at startup, in bytes: its diff reserve (as the
+    /// chunk pool caps it), its twin reserve and its allocator reserve.
+    pub fn startup_reserves(&self) -> [u64; 3] {
+        let pool = (crate::mem::chunk::POOL_CHUNKS * crate::mem::chunk::CHUNK) as u64;
+        [
+            self.diff_reserve_bytes().min(pool),
+            self.twin_reserve.min(self.heap_size) as u64,
+            self.malloc_reserve as u64,
+        ]
+    }
+
+    /// Refuses a job of `nodes` nodes on this machine whose startup reserves
+    /// ([`Config::startup_reserves`]) exceed the memory it has available: they would push it
+    /// into swap or the OOM killer while the nodes meet, and the job would time out with no word
+    /// of why.
+    pub fn check_startup_memory(&self, nodes: u16) -> Result<(), ConfigError> {
+        let Some(available) = meminfo("MemAvailable:") else { return Ok(()) };
+        let [diffs, twins, alloc] = self.startup_reserves();
+        let each = diffs + twins + alloc;
+        let total = each * u64::from(nodes);
+        if nodes < 2 || total <= available {
+            return Ok(());
+        }
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let why = format!(
+            "{nodes} nodes here back {} MiB each at startup (diffs {}, twins {}, allocator {} MiB), \
+             {:.1} GiB, more than the {:.1} GiB this machine has available: run fewer, or lower \
+             TMK_DIFF_RESERVE, TMK_TWIN_RESERVE and TMK_MALLOC_RESERVE (0 turns each off)",
+            each >> 20,
+            diffs >> 20,
+            twins >> 20,
+            alloc >> 20,
+            gib(total),
+            gib(available)
+        );
+        Err(invalid("TMK_NPROCS", &nodes.to_string(), why))
+    }
+
     /// What must be identical on every node of a job.
     pub fn fingerprint(&self) -> String {
         format!(
@@ -556,6 +593,21 @@ mod tests {
                 "TMK_BOGUS_SETTING_OF_MINE is not a setting, and is ignored",
             ]
         );
+    }
+
+    #[test]
+    fn a_job_whose_startup_reserves_exceed_the_memory_available_is_refused() {
+        let c = Config::default();
+        let [diffs, twins, alloc] = c.startup_reserves();
+        assert_eq!((diffs, twins, alloc), ((32 << 20) + (2 << 20), 32 << 20, 16 << 20));
+        let Some(available) = meminfo("MemAvailable:") else { return };
+        let too_many = u16::try_from(available / (diffs + twins + alloc) + 1).unwrap_or(u16::MAX);
+        let e = c.check_startup_memory(too_many).unwrap_err().to_string();
+        assert!(e.contains("back 82 MiB each at startup (diffs 34, twins 32, allocator 16 MiB)"), "{e}");
+        assert!(e.contains("TMK_TWIN_RESERVE"), "{e}");
+        assert!(c.check_startup_memory(2).is_ok());
+        let none = Config { diff_reserve: Some(0), twin_reserve: 0, malloc_reserve: 0, ..Config::default() };
+        assert!(none.check_startup_memory(u16::MAX).is_ok(), "nothing backed, nothing to fit");
     }
 
     #[test]

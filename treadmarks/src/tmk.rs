@@ -89,6 +89,10 @@ impl Tmk {
     pub fn startup_with(config: Config, args: Vec<String>) -> Result<Tmk> {
         config.validate()?;
         let n = config.nprocs;
+        if matches!(config.role, Role::Launcher) {
+            // Every node of the job starts here: their startup reserves must fit.
+            config.check_startup_memory(n)?;
+        }
         let me = match config.role {
             Role::Launcher => NodeId(0),
             Role::Member { rank } => NodeId(rank),
