@@ -118,6 +118,18 @@ fn a_failed_exit_is_what_the_peers_are_told() {
 }
 
 #[test]
+fn nodes_whose_launcher_dies_say_so_and_exit() {
+    for (backend, out) in run("launcher-dies", 3, 28).iter() {
+        assert_eq!(out.code, Some(3), "{backend}: {out:#?}");
+        for node in [1, 2] {
+            let said = format!("treadmarks: node {node}: the launcher (node 0, pid ");
+            assert!(out.stderr.contains(&said), "{backend}: node {node} must say so: {out:#?}");
+        }
+        assert!(out.elapsed < Duration::from_secs(20), "{backend}: took {:?}", out.elapsed);
+    }
+}
+
+#[test]
 fn a_job_leaves_cpus_another_job_is_pinned_to_unpinned() {
     let cpus = treadmarks::mem::sched::allowed_cpus();
     if cpus < 2 {

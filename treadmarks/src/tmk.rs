@@ -97,7 +97,7 @@ impl Tmk {
             Role::Launcher => NodeId(0),
             Role::Member { rank } => NodeId(rank),
         };
-        launch::follow_launcher();
+        launch::follow_launcher(me);
         if me == NodeId(0) {
             let names: Vec<String> = std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()).collect();
             for warning in crate::config::unknown_settings(names.iter().map(String::as_str)) {

@@ -457,6 +457,17 @@ fn exit_at_barrier(tmk: &mut Tmk) -> R {
     Ok(())
 }
 
+/// Node 0, the launcher, leaves by `process::exit` while the others wait at a barrier: they
+/// must say that the launcher died and exit, not wait, nor vanish in silence.
+fn launcher_dies(tmk: &mut Tmk) -> R {
+    tmk.barrier(0)?;
+    if tmk.proc_id() == 0 {
+        std::process::exit(3);
+    }
+    tmk.barrier(0)?;
+    Err(Error::Failed("passed a barrier without node 0".into()))
+}
+
 /// Each node says how many CPUs it may run on (1: pinned).
 fn affinity(tmk: &mut Tmk) -> R {
     println!("NODE {} CPUS {}", tmk.proc_id(), treadmarks::mem::sched::allowed_cpus());
@@ -747,6 +758,7 @@ fn main() -> ExitCode {
             "exit-at-barrier" => exit_at_barrier(&mut tmk),
             "exit-holding" => exit_holding(&mut tmk),
             "affinity" => affinity(&mut tmk),
+            "launcher-dies" => launcher_dies(&mut tmk),
             other => Err(Error::Failed(format!("unknown scenario {other:?}"))),
         };
         r?;

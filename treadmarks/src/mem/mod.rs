@@ -157,6 +157,7 @@ mod error;
 mod fault;
 mod heap;
 pub mod malloc;
+pub mod orphan;
 pub mod pack;
 mod pages;
 pub mod probe;

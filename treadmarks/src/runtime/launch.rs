@@ -135,14 +135,16 @@ pub(crate) fn spawned_by_launcher() -> bool {
     std::env::var_os("TMK_LAUNCHER_PID").is_some()
 }
 
-/// In a node spawned by a launcher: die with the launcher, even if it is killed.
-pub(crate) fn follow_launcher() {
+/// In a node spawned by a launcher (node `me`): die with the launcher, even if it is killed,
+/// saying so (`mem/orphan.rs`), or silently where that cannot be set up.
+pub(crate) fn follow_launcher(me: NodeId) {
     let Some(pid) = std::env::var("TMK_LAUNCHER_PID").ok().and_then(|p| p.parse::<i32>().ok()) else {
         return;
     };
-    if nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).is_ok()
-        && nix::unistd::getppid().as_raw() != pid
-    {
+    let said = format!("treadmarks: {me}: the launcher (node 0, pid {pid}) died; exiting\n");
+    let following = crate::mem::orphan::die_with_parent(&said).is_ok()
+        || nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).is_ok();
+    if following && nix::unistd::getppid().as_raw() != pid {
         crate::report(&format!("treadmarks: the launcher (pid {pid}) is gone; exiting"));
         std::process::exit(1);
     }

@@ -1,0 +1,51 @@
+//! A node a launcher spawned dies with the launcher, saying so. The kernel sends it
+//! [`orphan_signal`] when the launcher exits, however it exits (`PR_SET_PDEATHSIG`), and the
+//! handler writes the message set up here to standard error and exits with status 1: a node
+//! whose launcher dies (node 0 itself, by `process::exit` or a crash) otherwise waits for a
+//! job that is gone, or, killed outright, leaves no word of why.
+//!
+//! Invariant: the message is set before the handler is installed, and never changes after.
+
+use std::sync::OnceLock;
+
+use super::error::MemError;
+use super::signals;
+use super::sigsafe;
+
+/// What the handler writes.
+static MESSAGE: OnceLock<Box<[u8]>> = OnceLock::new();
+
+/// The signal the launcher's death sends: a real-time one, which no user of a terminal sends
+/// by accident and applications rarely use.
+pub fn orphan_signal() -> libc::c_int {
+    libc::SIGRTMAX() - 1
+}
+
+extern "C" fn on_orphaned(_sig: libc::c_int, _info: *mut libc::siginfo_t, _uctx: *mut libc::c_void) {
+    // `OnceLock::get` is one atomic load; `write` and `_exit` are async-signal-safe.
+    if let Some(message) = MESSAGE.get() {
+        sigsafe::write_stderr(&[message]);
+    }
+    // SAFETY: `_exit` has no preconditions and never returns; it runs no user code, so it is
+    // safe in a signal handler whatever the interrupted thread held.
+    unsafe { libc::_exit(1) }
+}
+
+/// Makes this process print `message` and exit with status 1 when the process that spawned it
+/// exits. Call once, before any other thread starts.
+pub fn die_with_parent(message: &str) -> Result<(), MemError> {
+    let _ = MESSAGE.set(message.as_bytes().into());
+    signals::install(orphan_signal(), on_orphaned)?;
+    // (A real-time signal is none of nix's `Signal`s: the raw call.)
+    // SAFETY: `prctl(PR_SET_PDEATHSIG, sig)` only records a signal number for this process.
+    let rc = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, orphan_signal() as libc::c_ulong, 0, 0, 0) };
+    if rc != 0 {
+        let source = std::io::Error::last_os_error();
+        return Err(MemError::Sigaction {
+            op: "die with the launcher",
+            signal: "a real-time signal",
+            source,
+        });
+    }
+    Ok(())
+}
