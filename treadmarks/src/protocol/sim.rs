@@ -325,6 +325,25 @@ impl Sim {
                     AppDone::BarrierPassed(_) => hb.pass(i),
                     _ => {}
                 }
+                // Every word of every page the node may read without a fault holds a value the
+                // application could read there now, read or not.
+                if matches!(done, AppDone::Acquired(_) | AppDone::BarrierPassed(_)) {
+                    for w in 0..hb.hist.len() as u32 {
+                        let (p, off) = locate(w);
+                        if sn.node.mem().access(p) == Access::None {
+                            continue;
+                        }
+                        let got =
+                            u32::from_ne_bytes(sn.node.mem().app_read(p)[off..off + 4].try_into().unwrap());
+                        let (allowed, _) = hb.allowed(i, w as usize);
+                        assert!(
+                            allowed.contains(&got),
+                            "seed {seed}: node {i} after {done:?}: valid {p} holds {got} in word {w}, where \
+                             LRC allows {allowed:?}; the word's writes (value, node, clock): {:?}",
+                            hb.hist[w as usize]
+                        );
+                    }
+                }
             }
             match done {
                 // Settled: the synchronization it preceded runs next.
