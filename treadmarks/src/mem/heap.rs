@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use super::backend::{self, FaultBackend};
 use super::error::MemError;
 use super::ring::TwinRing;
+use super::sigsafe;
 use super::state;
 use super::uffd::Uffd;
 use crate::protocol::ids::PageIdx;
@@ -130,6 +131,23 @@ pub struct Heap {
 unsafe impl Send for Heap {}
 // SAFETY: see `Send` above.
 unsafe impl Sync for Heap {}
+
+/// Stops the process on pages `first..first + count` outside a heap of `npages` pages: a bug in
+/// this module, found perhaps inside the fault handler, where a panic could not unwind and its
+/// message would allocate (deadlocking if the interrupted code held the allocator's lock).
+/// Async-signal-safe.
+fn out_of_range(first: u32, count: u32, npages: u32) -> ! {
+    let end = sigsafe::Dec::new(u64::from(first) + u64::from(count));
+    sigsafe::abort_with(&[
+        b"treadmarks: pages ",
+        sigsafe::Dec::new(u64::from(first)).as_bytes(),
+        b"..",
+        end.as_bytes(),
+        b" out of range: the heap has ",
+        sigsafe::Dec::new(u64::from(npages)).as_bytes(),
+        b" pages (a bug in treadmarks::mem)\n",
+    ])
+}
 
 /// The system page size.
 pub(super) fn system_page_size() -> usize {
@@ -571,7 +589,9 @@ impl Heap {
     }
 
     fn offset(&self, p: u32) -> usize {
-        assert!(p < self.npages, "page {p} out of range: the heap has {} pages", self.npages);
+        if p >= self.npages {
+            out_of_range(p, 1, self.npages);
+        }
         p as usize * self.page_size
     }
 
@@ -606,7 +626,9 @@ impl Heap {
         // One maker at a time per page (see `twin_slots`), so the exchange cannot lose; if it
         // did, the winner's slot serves and this one stays unused.
         let fresh = self.twin_slots_used.fetch_add(1, Ordering::Relaxed);
-        assert!(fresh < self.npages, "twin slots exhausted: {} pages", self.npages);
+        if fresh >= self.npages {
+            sigsafe::abort_with(&[b"treadmarks: twin slots exhausted (a bug in treadmarks::mem)\n"]);
+        }
         match entry.compare_exchange(NO_SLOT, fresh, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => self.slot_start(fresh),
             Err(winner) => self.slot_start(winner),
@@ -676,12 +698,9 @@ impl Heap {
     /// `mprotect`s pages `first..first+count` of the application view to the protection of
     /// stable state `st`. Async-signal-safe. Does not touch the state words.
     pub(super) fn protect_run(&self, first: u32, count: u32, st: u8) -> io::Result<()> {
-        assert!(
-            u64::from(first) + u64::from(count) <= u64::from(self.npages),
-            "pages {first}..{} out of range: the heap has {} pages",
-            u64::from(first) + u64::from(count),
-            self.npages
-        );
+        if u64::from(first) + u64::from(count) > u64::from(self.npages) {
+            out_of_range(first, count, self.npages);
+        }
         let len = count as usize * self.page_size;
         let start = self.app.as_ptr().wrapping_add(first as usize * self.page_size);
         // SAFETY: the range is inside the application view this heap mapped and owns (checked

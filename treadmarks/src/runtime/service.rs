@@ -292,6 +292,10 @@ impl Service {
                     CloseCause::Eof => {
                         "closed its connection without saying goodbye (it died or was killed)".into()
                     }
+                    // A process that dies with bytes unread sends a reset, not an end.
+                    CloseCause::Error(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                        format!("closed its connection without saying goodbye (it died or was killed): {e}")
+                    }
                     CloseCause::Error(e) => format!("connection failed: {e}"),
                     CloseCause::Malformed(e) => format!("sent a malformed frame: {e}"),
                 };
