@@ -982,22 +982,11 @@ fn generate_racy(rng: &mut Rng, s: &Shape) -> Vec<Vec<Op>> {
     progs
 }
 
+/// The shape of racy-program run `seed`: a random program's, on 2-4 nodes with up to 4 locks.
 fn racy_shape(seed: u64) -> Shape {
     let mut pick = Rng(seed ^ 0xd1a);
-    Shape {
-        n: 2 + pick.below(3) as usize,
-        words: WORDS_PER_PAGE * (1 + pick.below(4) as u32),
-        nlocks: 1 + pick.below(4) as u32,
-        phases: 1 + pick.below(6) as usize,
-        gc_threshold: [u64::MAX, 0, 300, 2000][pick.below(4) as usize],
-        push: pick.below(4) != 0,
-        push_skip: pick.below(2) != 0,
-        lock_bundle: [0, 1, 2, 8][pick.below(4) as usize],
-        walks: false,
-        skewed: pick.below(4) == 0,
-        stream_min_pages: [0, 1, 2, 3][pick.below(4) as usize],
-        racy: true,
-    }
+    let (n, nlocks) = (2 + pick.below(3) as usize, 1 + pick.below(4) as u32);
+    Shape { n, nlocks, racy: true, ..program_shape(seed ^ 0xd1a) }
 }
 
 #[test]
