@@ -8,7 +8,9 @@ use crate::mem::{
     BorrowTracker, Doorbell, FaultBackend, FaultHandler, Heap, HeapLayout, HeapPages, Shared, View,
     ViewError, ViewMut,
 };
-use crate::protocol::{Access, AppDone, BarrierId, LockId, Node, NodeConfig, NodeId, PageIdx, ProtocolError};
+use crate::protocol::{
+    Access, AppDone, BarrierId, Limits, LockId, Node, NodeConfig, NodeId, PageIdx, ProtocolError,
+};
 use crate::runtime::launch::{self, Children, StartupWatch};
 use crate::runtime::{Command, Engine, Mailbox, Reply, service};
 use crate::stats::Stats;
@@ -125,6 +127,7 @@ impl Tmk {
             lock_bundle: if n > 1 { config.lock_bundle } else { 0 },
             stream_min_pages: config.stream_min_pages,
             consistency_limit: config.consistency_limit_bytes(local_nodes),
+            limits: Limits::default(),
         };
         let pages = HeapPages::claim(heap.clone()).expect("the heap was just mapped");
         let node = Node::new(node_cfg, pages);

@@ -197,7 +197,7 @@ impl<M: PageMemory> Node<M> {
         if !gc {
             self.expect_pushes(pushed_by[self.me.idx()].clone());
         }
-        if gc || notices < DEFER_NOTICES_MIN {
+        if gc || notices < self.cfg.limits.defer_notices_min {
             self.apply_notices(new);
         } else {
             self.notices_due = new;

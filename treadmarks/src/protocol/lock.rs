@@ -330,7 +330,7 @@ impl<M: PageMemory> Node<M> {
             }
             let diffs = self.serve_diffs(p, closed, after_seq).diffs;
             bytes += diffs.iter().map(|d| d.diff.encoded_len()).sum::<usize>();
-            if bytes > PIGGYBACK_LIMIT {
+            if bytes > self.cfg.limits.piggyback_bytes {
                 break;
             }
             self.stats.diffs_piggybacked += diffs.len() as u64;

@@ -53,6 +53,37 @@ pub struct NodeConfig {
     /// acquire fails instead of letting a program that never collects run the machine out of
     /// memory (`gc.rs`); `u64::MAX`: no limit.
     pub consistency_limit: u64,
+    /// Sizes the protocol cuts its work at: [`Limits::default`] in a job.
+    pub limits: Limits,
+}
+
+/// Sizes the protocol cuts its work at. Every node of a job has the same: the defaults, the
+/// constants these name; the seeded simulation lowers them so that its tiny heaps reach them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Most pages pushed to one subscriber at one barrier ([`super::push::PUSH_MAX_PAGES`]).
+    pub push_max_pages: usize,
+    /// Most diff bytes a lock grant carries unasked ([`super::lock::PIGGYBACK_LIMIT`]).
+    pub piggyback_bytes: usize,
+    /// Fewest write notices in a barrier episode whose application the manager defers until
+    /// its releases are sent (`barrier.rs`: `DEFER_NOTICES_MIN`).
+    pub defer_notices_min: usize,
+    /// Pages in the first request of a batch to one writer (`page.rs`: `FIRST_REQUEST_PAGES`).
+    pub first_request_pages: usize,
+    /// Most pages one request names ([`super::page::PAGES_PER_REQUEST`]).
+    pub pages_per_request: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            push_max_pages: super::push::PUSH_MAX_PAGES,
+            piggyback_bytes: super::lock::PIGGYBACK_LIMIT,
+            defer_notices_min: super::barrier::DEFER_NOTICES_MIN,
+            first_request_pages: super::page::FIRST_REQUEST_PAGES,
+            pages_per_request: super::page::PAGES_PER_REQUEST,
+        }
+    }
 }
 
 /// Completion of the application's pending request.

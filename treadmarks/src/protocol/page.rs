@@ -68,16 +68,16 @@ pub const PAGES_PER_REQUEST: usize = 256;
 /// diffs the rest, instead of after the writer has diffed a whole large request.
 pub(crate) const FIRST_REQUEST_PAGES: usize = 32;
 
-/// `items` cut into requests of 32, 64, 128, then 256 pages.
-fn ramped<T>(mut items: &[T]) -> impl Iterator<Item = &[T]> {
-    let mut size = FIRST_REQUEST_PAGES;
+/// `items` cut into requests of `first` (32), twice as many, and so on up to `max` (256).
+fn ramped<T>(mut items: &[T], first: usize, max: usize) -> impl Iterator<Item = &[T]> {
+    let mut size = first.clamp(1, max.max(1));
     std::iter::from_fn(move || {
         if items.is_empty() {
             return None;
         }
         let (chunk, rest) = items.split_at(size.min(items.len()));
         items = rest;
-        size = (size * 2).min(PAGES_PER_REQUEST);
+        size = (size * 2).min(max.max(1));
         Some(chunk)
     })
 }
@@ -633,7 +633,7 @@ impl<M: PageMemory> Node<M> {
         write: bool,
         purpose: MissFor,
     ) -> Result<(), ProtocolError> {
-        let n = self.nprocs();
+        let (n, limits) = (self.nprocs(), self.cfg.limits);
         let mut asks: Vec<Vec<DiffAsk>> = vec![Vec::new(); n];
         let mut copies: Vec<Vec<PageIdx>> = vec![Vec::new(); n];
         for &p in pages {
@@ -669,9 +669,9 @@ impl<M: PageMemory> Node<M> {
         // applying overlap.
         for (w, asks) in asks.into_iter().enumerate() {
             let chunks: Vec<&[DiffAsk]> = if purpose == MissFor::Stream {
-                from_both_ends(&asks, PAGES_PER_REQUEST)
+                from_both_ends(&asks, limits.first_request_pages, limits.pages_per_request)
             } else {
-                ramped(&asks).collect()
+                ramped(&asks, limits.first_request_pages, limits.pages_per_request).collect()
             };
             for chunk in chunks {
                 self.stats.diff_requests_sent += 1;
@@ -679,7 +679,7 @@ impl<M: PageMemory> Node<M> {
             }
         }
         for (h, pages) in copies.into_iter().enumerate() {
-            for chunk in ramped(&pages) {
+            for chunk in ramped(&pages, limits.first_request_pages, limits.pages_per_request) {
                 self.stats.page_requests_sent += chunk.len() as u64;
                 self.outbox.push_back((NodeId(h as u16), Message::PageRequest { pages: chunk.to_vec() }));
             }

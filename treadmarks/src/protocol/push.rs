@@ -307,14 +307,15 @@ impl<M: PageMemory> Node<M> {
         // Skips count only where the push would have gone: a subscriber over the limit fetches
         // anyway, and its fetch must not read as a sign that a skip was wrong.
         self.push.skipped.clear();
+        let max = self.cfg.limits.push_max_pages;
         for (s, pages) in skips.into_iter().enumerate() {
-            if !pages.is_empty() && asks[s].len() + pages.len() <= PUSH_MAX_PAGES {
+            if !pages.is_empty() && asks[s].len() + pages.len() <= max {
                 self.stats.pushes_skipped += pages.len() as u64;
                 self.push.skipped.extend(pages.into_iter().map(|p| (p, NodeId(s as u16))));
             }
         }
         self.push.planned = (asks.into_iter().enumerate())
-            .filter(|(_, asks)| !asks.is_empty() && asks.len() <= PUSH_MAX_PAGES)
+            .filter(|(_, asks)| !asks.is_empty() && asks.len() <= max)
             .map(|(s, asks)| (NodeId(s as u16), asks))
             .collect();
         self.push.planned_for = (episode, closed);
@@ -373,7 +374,7 @@ impl<M: PageMemory> Node<M> {
         }
         let passed = self.stats.barriers;
         // The writer passed every barrier before `episode`, so we have arrived at `episode - 1`.
-        if from == self.me || episode > passed + 2 || pages.len() > PUSH_MAX_PAGES {
+        if from == self.me || episode > passed + 2 || pages.len() > self.cfg.limits.push_max_pages {
             return Err(ProtocolError::Unexpected {
                 from,
                 what: format!(

@@ -47,6 +47,7 @@ impl Net {
                     back_heap: true,
                     stream_min_pages: 0,
                     consistency_limit: u64::MAX,
+                    limits: Limits::default(),
                 };
                 let access = if n == 1 { Access::ReadWrite } else { Access::Read };
                 Node::new(cfg, VecMemory::new(npages, PAGE, access))

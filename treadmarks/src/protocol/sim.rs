@@ -91,6 +91,9 @@ struct Shape {
     skewed: bool,
     /// Views fetching at least this many pages stream (`stream.rs`); 0: none do.
     stream_min_pages: usize,
+    /// The protocol's size limits: the defaults, or tiny ones that a simulation's few small
+    /// pages reach ([`tiny_limits`]).
+    limits: Limits,
     /// Racy programs across locks ([`generate_racy`]), checked by the happened-before oracle
     /// ([`Hb`]) instead of the sequentially consistent one.
     racy: bool,
@@ -271,6 +274,7 @@ impl Sim {
                     back_heap: true,
                     stream_min_pages: s.stream_min_pages,
                     consistency_limit: u64::MAX,
+                    limits: s.limits,
                 };
                 let node = Node::new(cfg, VecMemory::new(npages, PAGE, access));
                 SimNode { node, prog, pc: 0, blocked: false, fast_twins: Vec::new(), exited: false }
@@ -674,6 +678,22 @@ impl Sim {
     }
 }
 
+/// The default limits in half the runs; in the others, limits so small that a few pages of
+/// 64 bytes reach them: pushes left out for too many pages, grants that carry only some of the
+/// diffs they could, deferred notices at most barriers, requests of a page or two.
+fn tiny_limits(pick: &mut Rng) -> Limits {
+    if pick.chance(50) {
+        return Limits::default();
+    }
+    Limits {
+        push_max_pages: 1 + pick.below(2) as usize,
+        piggyback_bytes: [16, 64, 256][pick.below(3) as usize],
+        defer_notices_min: 1 + pick.below(3) as usize,
+        first_request_pages: 1 + pick.below(2) as usize,
+        pages_per_request: 1 + pick.below(3) as usize,
+    }
+}
+
 /// The shape of random-program run `seed`.
 fn program_shape(seed: u64) -> Shape {
     let mut pick = Rng(seed ^ 0x5eed);
@@ -689,6 +709,7 @@ fn program_shape(seed: u64) -> Shape {
         walks: false,
         skewed: pick.below(4) == 0,
         stream_min_pages: [0, 1, 2, 3][pick.below(4) as usize],
+        limits: tiny_limits(&mut pick),
         racy: false,
     }
 }
@@ -709,6 +730,7 @@ fn walk_shape(seed: u64) -> Shape {
         walks: true,
         skewed: pick.below(2) == 0,
         stream_min_pages: 0,
+        limits: tiny_limits(&mut pick),
         racy: false,
     }
 }

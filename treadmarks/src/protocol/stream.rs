@@ -47,7 +47,6 @@ use super::ProtocolError;
 use super::ids::PageIdx;
 use super::memory::{Access, PageMemory};
 use super::node::{AppDone, Node, Pending};
-use super::page::FIRST_REQUEST_PAGES;
 
 /// The state of this node's streaming views.
 #[derive(Debug, Default)]
@@ -65,9 +64,10 @@ pub(crate) struct StreamState {
 /// requests ramping as a plain fetch's do (`page.rs`: from `FIRST_REQUEST_PAGES`, doubling) up
 /// to `max`; each request lists
 /// its items in ascending order. Every item is in exactly one request.
-pub(crate) fn from_both_ends<T>(items: &[T], max: usize) -> Vec<&[T]> {
+pub(crate) fn from_both_ends<T>(items: &[T], first: usize, max: usize) -> Vec<&[T]> {
     let (mut lo, mut hi) = (0, items.len());
-    let (mut front, mut back) = (FIRST_REQUEST_PAGES.min(max), FIRST_REQUEST_PAGES.min(max));
+    let max = max.max(1);
+    let (mut front, mut back) = (first.clamp(1, max), first.clamp(1, max));
     let mut out = Vec::new();
     let mut from_front = true;
     while lo < hi {
@@ -158,7 +158,7 @@ mod tests {
     #[test]
     fn both_ends_alternate_and_ramp() {
         let items: Vec<u32> = (0..300).collect();
-        let chunks = from_both_ends(&items, 256);
+        let chunks = from_both_ends(&items, 32, 256);
         let bounds: Vec<(u32, u32)> = chunks.iter().map(|c| (c[0], c[c.len() - 1] + 1)).collect();
         assert_eq!(bounds, vec![(0, 32), (268, 300), (32, 96), (204, 268), (96, 204)]);
     }
@@ -168,7 +168,7 @@ mod tests {
         for len in [0, 1, 31, 32, 33, 64, 65, 100, 1000, 5000] {
             let items: Vec<usize> = (0..len).collect();
             for max in [32, 64, 256] {
-                let chunks = from_both_ends(&items, max);
+                let chunks = from_both_ends(&items, 32, max);
                 let mut seen: Vec<usize> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
                 assert!(chunks.iter().all(|c| !c.is_empty() && c.len() <= max), "len {len} max {max}");
                 assert!(chunks.iter().all(|c| c.windows(2).all(|w| w[0] < w[1])));
