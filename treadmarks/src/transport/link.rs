@@ -72,6 +72,12 @@ const COALESCE_LIMIT: usize = 256 << 10;
 /// Capacity of a reader's buffer: many small frames are read with one syscall.
 const READ_BUFFER: usize = 64 << 10;
 
+/// Payloads up to this size are read into a buffer of their own size, not a pooled one: a diff
+/// decoded from a small frame (a push kept aside until its page is read, for up to three
+/// epochs) would otherwise keep a pooled buffer of a megabyte from the pool all that time, and
+/// a malloc of a few kilobytes costs nothing like the page faults of a fresh megabyte.
+const SMALL_PAYLOAD: usize = 64 << 10;
+
 /// Most bytes of capacity the buffer pool of one node's links keeps.
 const POOL_BYTES: usize = 32 << 20;
 
@@ -123,9 +129,10 @@ impl BufferPool {
         buf
     }
 
-    /// Keeps `buf` for reuse unless the pool is full.
+    /// Keeps `buf` for reuse unless the pool is full or `buf` is a small payload's
+    /// ([`SMALL_PAYLOAD`]), which would take a pooled buffer's place.
     fn give(&self, buf: Vec<u8>) {
-        if buf.capacity() == 0 {
+        if buf.capacity() <= SMALL_PAYLOAD {
             return;
         }
         let mut bufs = self.bufs.lock().expect("buffer pool");
@@ -630,8 +637,9 @@ async fn read_loop(
             Ok(FrameLen::Payload(len)) => len,
             Err(err) => break CloseCause::Malformed(err),
         };
-        // Into a recycled buffer's capacity, without zeroing it first.
-        let mut payload = pool.take(len);
+        // Into a recycled buffer's capacity, without zeroing it first (a small payload into one
+        // of its own size, `SMALL_PAYLOAD`).
+        let mut payload = if len <= SMALL_PAYLOAD { Vec::with_capacity(len) } else { pool.take(len) };
         payload.reserve_exact(len);
         match read_into(&mut reader, &mut payload, len).await {
             Ok(n) if n == len => {}
@@ -782,6 +790,9 @@ mod tests {
                         assert_eq!(from, NodeId(1));
                         let (j, b): (u32, ByteBuf) = decode_payload(&payload).unwrap();
                         assert_eq!((j, b), (i, body(i)));
+                        // A small payload has a buffer of its size, never a pooled megabyte that
+                        // a diff kept from it would hold out of the pool.
+                        assert!(payload.capacity() <= SMALL_PAYLOAD, "{}", payload.capacity());
                     }
                     other => panic!("round {i}: {other:?}"),
                 }
@@ -958,14 +969,17 @@ mod tests {
     fn buffer_pool_hands_out_fitting_buffers_and_stays_bounded() {
         let pool = BufferPool::default();
         assert_eq!(pool.take(10).capacity(), 0, "an empty pool makes new buffers");
-        for cap in [100, 5000, 1 << 20] {
+        for cap in [100, 100 << 10, 1 << 20] {
             pool.give(Vec::with_capacity(cap));
         }
+        assert_eq!(pool.bufs.lock().unwrap().len(), 2, "a small payload's buffer is not kept");
         let b = pool.take(4000);
-        assert!(b.is_empty() && b.capacity() >= 5000 && b.capacity() < 1 << 20, "smallest that fits");
+        assert!(b.is_empty() && b.capacity() >= 100 << 10 && b.capacity() < 1 << 20, "smallest that fits");
         let b = pool.take(usize::MAX);
         assert!(b.capacity() >= 1 << 20, "nothing fits: the largest");
-        pool.give(vec![1, 2, 3]);
+        let mut full = Vec::with_capacity(SMALL_PAYLOAD + 1);
+        full.extend_from_slice(&[1, 2, 3]);
+        pool.give(full);
         let b = pool.take(2);
         assert!(b.is_empty(), "buffers come back cleared");
         for _ in 0..2 * POOL_BUFFERS {
