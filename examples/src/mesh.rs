@@ -39,6 +39,16 @@ impl Mesh {
     /// Starts a mesh of `n` ranks (in the process the user started) or joins it (in a rank that
     /// process started).
     pub fn start(n: usize) -> io::Result<Mesh> {
+        Self::start_with(n, &[])
+    }
+
+    /// Whether [`Mesh::start`] starts the mesh in this process (rank 0), rather than joining it.
+    pub fn starts_here() -> bool {
+        std::env::var_os(RANK_ENV).is_none()
+    }
+
+    /// [`Mesh::start`], the ranks it starts given the variables `env` besides.
+    pub fn start_with(n: usize, env: &[(&str, &str)]) -> io::Result<Mesh> {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
         let port = listener.local_addr()?.port();
         let mut peers: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
@@ -50,6 +60,7 @@ impl Mesh {
                     let args = std::env::args_os().skip(1);
                     let cmd = Command::new(exe)
                         .args(args)
+                        .envs(env.iter().copied())
                         .env(RANK_ENV, rank.to_string())
                         .env(ROOT_ENV, port.to_string())
                         .spawn();

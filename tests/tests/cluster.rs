@@ -130,32 +130,33 @@ fn nodes_whose_launcher_dies_say_so_and_exit() {
 }
 
 #[test]
-fn a_job_leaves_cpus_another_job_is_pinned_to_unpinned() {
-    let cpus = treadmarks::mem::sched::allowed_cpus();
+fn a_job_pins_to_cpus_no_other_job_holds_and_runs_unpinned_where_they_are_held() {
+    use treadmarks::mem::sched::{CpuClaim, CpuClaims, allowed_cpus};
+    let cpus = allowed_cpus();
     if cpus < 2 {
         return; // nothing to pin apart
     }
-    // Stand-in for another job's launcher: the first CPU claimed (a job claims all it pins to
-    // or none). Other tests' jobs may hold it for a moment.
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    let held = loop {
-        if let Some(held) = treadmarks::mem::sched::CpuClaims::take(1) {
-            break held;
-        }
-        assert!(std::time::Instant::now() < deadline, "the first CPU stayed claimed for 120 s");
-        std::thread::sleep(Duration::from_millis(20));
+    // Claims of this test's own names (`TMK_TEST_CPU_CLAIMS`), so that no other job is touched.
+    let names = format!("treadmarks-test-cpu-{}-", std::process::id());
+    let env = [("TMK_TEST_CPU_CLAIMS", names.as_str())];
+    let pinned = |out: &support::Outcome, node: usize, alone: bool| {
+        let want = if alone { "1".to_string() } else { cpus.to_string() };
+        out.stdout.lines().any(|l| l == format!("NODE {node} CPUS {want}"))
     };
-    for (backend, out) in run("affinity", 2, 27).iter() {
+    for (backend, out) in run_with("affinity", 2, 27, &env).iter() {
         out.assert_pass("affinity");
-        for node in 0..2 {
-            let line = format!("NODE {node} CPUS {cpus}");
-            assert!(out.stdout.lines().any(|l| l == line), "{backend}: node {node} pinned: {out:#?}");
-        }
+        assert!(pinned(out, 0, true) && pinned(out, 1, true), "{backend}: nobody holds them: {out:#?}");
+    }
+    // Stand-in for another job's launcher: every CPU held.
+    let CpuClaim::Claimed(held) = CpuClaims::take_named(&names, cpus) else { panic!("cannot claim") };
+    for (backend, out) in run_with("affinity", 2, 27, &env).iter() {
+        out.assert_pass("affinity");
+        assert!(pinned(out, 0, false) && pinned(out, 1, false), "{backend}: held elsewhere: {out:#?}");
     }
     // Asked for, a job pins anyway.
-    let out = run_on("uffd", "affinity", 2, 27, &[("TMK_PIN", "1")]);
+    let out = run_on("mprotect", "affinity", 2, 27, &[env[0], ("TMK_PIN", "1")]);
     out.assert_pass("affinity");
-    assert!(out.stdout.lines().any(|l| l == "NODE 1 CPUS 1"), "{out:#?}");
+    assert!(pinned(&out, 1, true), "{out:#?}");
     drop(held);
 }
 

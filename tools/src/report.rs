@@ -190,6 +190,18 @@ pub fn summary(results: &[AppResult]) -> String {
         }
         s.push('\n');
     }
+    // A job whose CPUs another job held runs unpinned: its times are not comparable.
+    let unpinned: Vec<String> = (results.iter())
+        .flat_map(|r| r.dsm.iter().map(move |(&n, c)| (r.app.name, n, c)))
+        .filter(|&(_, n, c)| {
+            c.secs.is_some() && n > 1 && c.stats.get("pinned").is_some_and(|&p| p < n as f64)
+        })
+        .map(|(app, n, _)| format!("{app} n={n}"))
+        .collect();
+    if !unpinned.is_empty() {
+        let _ =
+            writeln!(s, "ran unpinned (another job held the CPUs; not comparable): {}", unpinned.join(", "));
+    }
     s
 }
 
@@ -374,6 +386,15 @@ mod tests {
         assert_eq!(water_two["dsm_over"], "threads");
         assert_eq!(water_two["met"], false);
         assert!(message_passing(&results).is_empty(), "no app ran a message-passing version");
+
+        // A run whose nodes were not all pinned is named below the verdicts.
+        let mut results = results;
+        results[0].dsm.get_mut(&2).expect("sor at 2").stats.insert("pinned".into(), 1.0);
+        results[1].dsm.get_mut(&2).expect("water at 2").stats.insert("pinned".into(), 2.0);
+        assert!(
+            summary(&results)
+                .ends_with("ran unpinned (another job held the CPUs; not comparable): sor n=2\n")
+        );
     }
 
     #[test]

@@ -261,12 +261,12 @@ pub const SETTINGS: &[&str] = &[
     "TMK_FAULTS",
 ];
 
-/// `TMK_*` names this workspace's tests and tools use among themselves (not settings).
-const INTERNAL_PREFIXES: &[&str] = &[
-    "TMK_SIM_",
-    "TMK_TEST_",
-    "TMK_BENCH_",
+/// `TMK_*` names a launcher passes its nodes, and this workspace's tests and tools use among
+/// themselves (not settings): prefixes, and whole names.
+const INTERNAL_PREFIXES: &[&str] = &["TMK_SIM_", "TMK_TEST_", "TMK_BENCH_"];
+const INTERNAL_NAMES: &[&str] = &[
     "TMK_LAUNCHER_PID",
+    "TMK_LAUNCHER_CPUS",
     "TMK_MEM_TEST_CHILD",
     "TMK_BIG_HEAP_CHILD",
     "TMK_REQUIRE_NETNS",
@@ -278,7 +278,7 @@ pub fn unknown_settings<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<Str
     names
         .into_iter()
         .filter(|n| n.starts_with("TMK_") && !SETTINGS.contains(n))
-        .filter(|n| !INTERNAL_PREFIXES.iter().any(|p| n.starts_with(p)))
+        .filter(|n| !INTERNAL_PREFIXES.iter().any(|p| n.starts_with(p)) && !INTERNAL_NAMES.contains(n))
         .map(|n| {
             let near =
                 SETTINGS.iter().min_by_key(|s| edit_distance(n, s)).filter(|s| edit_distance(n, s) <= 3);
@@ -520,9 +520,9 @@ impl Config {
     }
 
     /// Refuses a job of `nodes` nodes on this machine whose startup reserves
-    /// ([`Config::startup_reserves`]) exceed the memory it has available: they would push it
-    /// into swap or the OOM killer while the nodes meet, and the job would time out with no word
-    /// of why.
+    /// ([`Config::startup_reserves`]) exceed the memory it has available (`MemAvailable`, the
+    /// machine's: a container's own limit is not seen): they would push it into swap or the
+    /// OOM killer while the nodes meet, and the job would time out with no word of why.
     pub fn check_startup_memory(&self, nodes: u16) -> Result<(), ConfigError> {
         let Some(available) = meminfo("MemAvailable:") else { return Ok(()) };
         let [diffs, twins, alloc] = self.startup_reserves();
@@ -586,6 +586,7 @@ mod tests {
         }
         assert!(unknown_settings(SETTINGS.iter().copied()).is_empty());
         assert!(unknown_settings(["PATH", "TMK_SIM_SEEDS", "TMK_BENCH_JSON", "TMK_LAUNCHER_PID"]).is_empty());
+        assert_eq!(unknown_settings(["TMK_LAUNCHER_PIDS"]).len(), 1, "whole names are whole");
         assert_eq!(
             unknown_settings(["TMK_NPROC", "TMK_BOGUS_SETTING_OF_MINE"]),
             [

@@ -31,6 +31,9 @@ pub struct Stats {
     pub node: NodeId,
     /// Nodes in its job.
     pub nprocs: u16,
+    /// Whether the node ran pinned to one CPU (`TMK_PIN`; a job whose CPUs another job holds
+    /// runs unpinned).
+    pub pinned: bool,
     /// The protocol core's counters.
     pub protocol: ProtocolStats,
     /// Write faults the signal handler resolved by itself (twin + unprotect).
@@ -122,9 +125,10 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let p = &self.protocol;
         let sent = self.sent();
-        let fields: [(&str, f64); 51] = [
+        let fields: [(&str, f64); 52] = [
             ("node", f64::from(self.node.0)),
             ("nprocs", f64::from(self.nprocs)),
+            ("pinned", f64::from(u8::from(self.pinned))),
             ("msgs_sent", sent.msgs as f64),
             ("bytes_sent", sent.bytes as f64),
             ("read_misses", p.read_misses as f64),
@@ -252,8 +256,11 @@ impl fmt::Display for Stats {
         )?;
         writeln!(
             f,
-            "  application thread: {} lock operations and {} validations run on the node itself, {} commands handed to the service thread",
-            self.lock_ops_here, self.validations_here, self.commands
+            "  application thread: {} lock operations and {} validations run on the node itself, {} commands handed to the service thread; {}",
+            self.lock_ops_here,
+            self.validations_here,
+            self.commands,
+            if self.pinned { "pinned to one CPU" } else { "not pinned" }
         )?;
         writeln!(
             f,

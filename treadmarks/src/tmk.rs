@@ -67,10 +67,12 @@ pub struct Tmk {
     /// Time spent validating views (views take `&self`, hence the cell).
     view_wait: std::cell::Cell<Duration>,
     exited: bool,
-    /// The last error a call into the runtime returned, or that of a failed exit: what the
-    /// peers are told if the application leaves without exiting (`Drop`).
+    /// The error the latest call into the runtime returned, if it failed, or that of a failed
+    /// exit: what the peers are told if the application leaves without exiting (`Drop`).
     last_error: Option<String>,
     exit_failed: bool,
+    /// Pinned to one CPU (`Stats::pinned`).
+    pinned: bool,
     /// Locks this node holds (releases are checked here, since they do not wait for a reply).
     held: Vec<u32>,
     nlocks: u32,
@@ -134,6 +136,8 @@ impl Tmk {
         let mut children = None;
         let mut watch = None;
         let mut cpu_claims = None;
+        let mut busy = false;
+        let mut node_pinned = false;
         let (engine, faults) = if n == 1 {
             (Engine::Local { node: Box::new(node), stats: Box::new(Stats::new(me, 1)) }, None)
         } else {
@@ -143,14 +147,21 @@ impl Tmk {
                     let l = TcpListener::bind(want)
                         .map_err(|e| Error::Failed(format!("cannot listen on {want}: {e}")))?;
                     let addr = l.local_addr().map_err(|e| Error::Failed(e.to_string()))?;
-                    // Pinned only on CPUs no other job here is pinned to (`CpuClaims`), unless
-                    // the user says; the nodes hear the decision from the launcher.
+                    // Pinned only to CPUs no other job here is pinned to (`CpuClaims`), unless
+                    // the user says; the nodes hear the decision, and the CPUs, from the launcher.
                     if config.pin.is_none() {
-                        let cpus = crate::mem::sched::allowed_cpus().min(usize::from(n));
-                        cpu_claims = crate::mem::sched::CpuClaims::take(cpus);
+                        use crate::mem::sched::{CpuClaim, CpuClaims, allowed_cpus};
+                        let want = allowed_cpus().min(usize::from(n));
+                        let names = std::env::var("TMK_TEST_CPU_CLAIMS").unwrap_or("treadmarks-cpu".into());
+                        match CpuClaims::take_named(&names, want) {
+                            CpuClaim::Claimed(claims) => cpu_claims = Some(claims),
+                            CpuClaim::Busy => busy = true,
+                            CpuClaim::Unavailable => {}
+                        }
                     }
-                    let pin = config.pin.unwrap_or(cpu_claims.is_some());
-                    watch = Some(StartupWatch::new(Children::spawn(n, addr, pin)?));
+                    let pin = config.pin.unwrap_or(!busy);
+                    let cpus = cpu_claims.as_ref().map(|c| c.cpus());
+                    watch = Some(StartupWatch::new(Children::spawn(n, addr, pin, cpus)?));
                     (Some(l), addr)
                 }
                 Role::Member { .. } => (None, config.root.expect("validated: members know the root")),
@@ -161,10 +172,20 @@ impl Tmk {
             // queue; a real-time service thread then preempts its own application at once.
             let cpus = crate::mem::sched::allowed_cpus();
             let pin = match config.role {
-                Role::Launcher => config.pin.unwrap_or(cpu_claims.is_some()),
+                Role::Launcher => config.pin.unwrap_or(!busy),
                 Role::Member { .. } => config.pin.unwrap_or(local_job),
             };
-            let pinned = pin && crate::mem::sched::pin_to_cpu(me.idx()).is_some();
+            // To the launcher's claimed CPUs in turn, or to the `me`-th allowed one.
+            let claimed = match config.role {
+                Role::Launcher => cpu_claims.as_ref().map(|c| c.cpus().to_vec()),
+                Role::Member { .. } => launch::claimed_cpus(),
+            };
+            let pinned = pin
+                && match claimed.filter(|c| !c.is_empty()) {
+                    Some(cpus) => crate::mem::sched::pin_to(cpus[me.idx() % cpus.len()]).is_some(),
+                    None => crate::mem::sched::pin_to_cpu(me.idx()).is_some(),
+                };
+            node_pinned = pinned;
             let service_rt = config.service_rt.unwrap_or(pinned);
             // A node with a CPU of its own wastes nothing by polling while its application
             // waits; a node sharing one would take it from the other node's computation.
@@ -228,6 +249,7 @@ impl Tmk {
             exited: false,
             last_error: None,
             exit_failed: false,
+            pinned: node_pinned,
             held: Vec::new(),
             nlocks: config.nlocks,
             _faults: faults,
@@ -252,9 +274,8 @@ impl Tmk {
 
     fn call(&mut self, cmd: Command) -> Result<Reply> {
         let reply = self.engine.call(cmd);
-        if let Err(e) = &reply {
-            self.last_error = Some(e.to_string());
-        }
+        // Only the latest call's error explains a departure: one handled long ago does not.
+        self.last_error = reply.as_ref().err().map(ToString::to_string);
         reply
     }
 
@@ -561,6 +582,7 @@ impl Tmk {
     pub fn stats(&mut self) -> Result<Stats> {
         match self.call(Command::Stats)? {
             Reply::Stats(mut s) => {
+                s.pinned = self.pinned;
                 s.lock_wait = self.lock_wait;
                 s.barrier_wait = self.barrier_wait;
                 s.view_wait = self.view_wait.get();
@@ -573,8 +595,8 @@ impl Tmk {
     /// Orderly end of the job: waits until every node has called `exit`, prints statistics if
     /// asked (`TMK_STATS=1`), and on node 0 of a local job reaps the other nodes, reporting any
     /// that failed. Required: a `Tmk` dropped without it fails the job (its peers are told that
-    /// its application left without calling exit, and the last error treadmarks returned it, if
-    /// any). Exiting while holding a lock is an error ([`ProtocolError::ExitHolding`]), and so is
+    /// its application left without calling exit, and why its last call into treadmarks failed,
+    /// if it did). Exiting while holding a lock is an error ([`ProtocolError::ExitHolding`]), and so is
     /// exiting while another node waits at a barrier ([`ProtocolError::ExitAtBarrier`]); the
     /// peers are told.
     pub fn exit(mut self) -> Result<()> {
@@ -624,7 +646,7 @@ impl Drop for Tmk {
                     "its application left without calling exit (it panicked)".into()
                 }
                 (Some(e), false) => format!(
-                    "its application left without calling exit (the last error treadmarks returned it: {e})"
+                    "its application left without calling exit (its last call into treadmarks failed: {e})"
                 ),
                 (None, _) => "its application left without calling exit (an error or an early return)".into(),
             };

@@ -282,10 +282,23 @@ fn message_passing(s: &Size, mesh: &mut Mesh, n: usize) -> std::io::Result<(f64,
 /// `--mode mp`: the mesh, the sort, the result line (rank 0) and the verdict.
 fn main_mp(s: &Size, config: &treadmarks::Config) -> ExitCode {
     let run = || -> Result<bool, String> {
+        use treadmarks::mem::sched::{CpuClaim, CpuClaims, allowed_cpus, pin_to_cpu};
         let n = config.nprocs as usize;
-        let mut mesh = Mesh::start(n).map_err(|e| format!("cannot start the mesh: {e}"))?;
-        if config.pin.unwrap_or(true) {
-            treadmarks::mem::sched::pin_to_cpu(mesh.rank());
+        // Pinned as a DSM job is, only where no other job holds the CPUs: the first rank
+        // claims them (for the life of the run) and tells the others.
+        let (mut pin, mut _claims) = (config.pin, None);
+        if pin.is_none() && Mesh::starts_here() {
+            match CpuClaims::take(allowed_cpus().min(n)) {
+                CpuClaim::Claimed(claims) => (pin, _claims) = (Some(true), Some(claims)),
+                CpuClaim::Busy => pin = Some(false),
+                CpuClaim::Unavailable => {}
+            }
+        }
+        let env: Vec<(&str, &str)> =
+            pin.map(|p| ("TMK_PIN", if p { "1" } else { "0" })).into_iter().collect();
+        let mut mesh = Mesh::start_with(n, &env).map_err(|e| format!("cannot start the mesh: {e}"))?;
+        if pin.unwrap_or(true) {
+            pin_to_cpu(mesh.rank());
         }
         let (secs, ok) =
             message_passing(s, &mut mesh, n).map_err(|e| format!("rank {}: {e}", mesh.rank()))?;

@@ -7,6 +7,7 @@
 //! Invariant: the message is set before the handler is installed, and never changes after.
 
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicI32, Ordering};
 
 use super::error::MemError;
 use super::signals;
@@ -15,6 +16,9 @@ use super::sigsafe;
 /// What the handler writes.
 static MESSAGE: OnceLock<Box<[u8]>> = OnceLock::new();
 
+/// The launcher's pid.
+static PARENT: AtomicI32 = AtomicI32::new(0);
+
 /// The signal the launcher's death sends: a real-time one, which no user of a terminal sends
 /// by accident and applications rarely use.
 pub fn orphan_signal() -> libc::c_int {
@@ -22,6 +26,13 @@ pub fn orphan_signal() -> libc::c_int {
 }
 
 extern "C" fn on_orphaned(_sig: libc::c_int, _info: *mut libc::siginfo_t, _uctx: *mut libc::c_void) {
+    // The signal comes when the launcher's thread that spawned this process ends, which may
+    // not be the launcher's end: still its child, this process goes on (the launcher's own
+    // end closes its connections later, which the node reports).
+    // SAFETY: `getppid` has no preconditions and is async-signal-safe.
+    if unsafe { libc::getppid() } == PARENT.load(Ordering::Relaxed) {
+        return;
+    }
     // `OnceLock::get` is one atomic load; `write` and `_exit` are async-signal-safe.
     if let Some(message) = MESSAGE.get() {
         sigsafe::write_stderr(&[message]);
@@ -31,10 +42,11 @@ extern "C" fn on_orphaned(_sig: libc::c_int, _info: *mut libc::siginfo_t, _uctx:
     unsafe { libc::_exit(1) }
 }
 
-/// Makes this process print `message` and exit with status 1 when the process that spawned it
-/// exits. Call once, before any other thread starts.
-pub fn die_with_parent(message: &str) -> Result<(), MemError> {
+/// Makes this process print `message` and exit with status 1 when the process that spawned it,
+/// `parent`, exits. Call once, before any other thread starts.
+pub fn die_with_parent(parent: i32, message: &str) -> Result<(), MemError> {
     let _ = MESSAGE.set(message.as_bytes().into());
+    PARENT.store(parent, Ordering::Relaxed);
     signals::install(orphan_signal(), on_orphaned)?;
     // (A real-time signal is none of nix's `Signal`s: the raw call.)
     // SAFETY: `prctl(PR_SET_PDEATHSIG, sig)` only records a signal number for this process.

@@ -7,45 +7,66 @@
 //! thread as soon as it wakes.
 
 /// The CPUs a job started here pins its nodes to, held against other treadmarks jobs on this
-/// machine while its launcher lives: an exclusive `flock` on `treadmarks-cpu<N>.lock` in the
-/// temporary directory for each, which the kernel drops when the process exits, however it
-/// exits. Two jobs pinned to the same CPUs would each take ~4 times as long as alone where
-/// sharing the CPUs unpinned costs each twice: their polling and real-time service threads
-/// compete on every CPU.
+/// machine while its launcher lives. A claim on CPU `N` is a bound abstract Unix socket named
+/// `treadmarks-cpu<N>`: no file, no permission, visible to every user of the machine's network
+/// namespace, and released by the kernel when the process exits, however it exits. Two jobs
+/// pinned to the same CPUs took ~4 times as long each as alone, where sharing the CPUs unpinned
+/// costs each about twice: their polling and real-time service threads compete on every CPU.
 #[derive(Debug)]
-pub struct CpuClaims(Vec<nix::fcntl::Flock<std::fs::File>>);
+pub struct CpuClaims {
+    cpus: Vec<usize>,
+    _held: Vec<std::os::unix::net::UnixListener>,
+}
+
+/// What [`CpuClaims::take`] found.
+#[derive(Debug)]
+pub enum CpuClaim {
+    /// The CPUs are this process's.
+    Claimed(CpuClaims),
+    /// Other processes hold too many of the CPUs: run unpinned.
+    Busy,
+    /// Claims cannot be made here (no Unix sockets): pin as if alone.
+    Unavailable,
+}
 
 impl CpuClaims {
-    /// Claims the first `count` of the CPUs this process may run on (those [`pin_to_cpu`] gives
-    /// indices `0..count`), all or none: `None` if another process holds any of them.
-    pub fn take(count: usize) -> Option<CpuClaims> {
-        use nix::fcntl::{Flock, FlockArg};
-        let cpus = allowed_cpu_list()?;
-        let mut held = Vec::new();
-        for &cpu in cpus.iter().take(count) {
-            let path = std::env::temp_dir().join(format!("treadmarks-cpu{cpu}.lock"));
-            // Anyone may lock a file they can read: another user's lock file is opened read-only.
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&path)
-                .or_else(|_| std::fs::File::open(&path))
-                .ok()?;
-            held.push(Flock::lock(file, FlockArg::LockExclusiveNonblock).ok()?);
+    /// Claims `count` CPUs this process may run on, the first ones no other process holds, all
+    /// or none.
+    pub fn take(count: usize) -> CpuClaim {
+        Self::take_named("treadmarks-cpu", count)
+    }
+
+    /// [`CpuClaims::take`] with claims named `<prefix><N>` (tests use names of their own).
+    pub fn take_named(prefix: &str, count: usize) -> CpuClaim {
+        use std::os::linux::net::SocketAddrExt;
+        use std::os::unix::net::{SocketAddr, UnixListener};
+        let Some(allowed) = allowed_cpu_list() else { return CpuClaim::Unavailable };
+        let (mut cpus, mut held) = (Vec::new(), Vec::new());
+        for cpu in allowed {
+            if cpus.len() == count {
+                break;
+            }
+            let Ok(name) = SocketAddr::from_abstract_name(format!("{prefix}{cpu}")) else {
+                return CpuClaim::Unavailable;
+            };
+            match UnixListener::bind_addr(&name) {
+                Ok(listener) => {
+                    cpus.push(cpu);
+                    held.push(listener);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {}
+                Err(_) => return CpuClaim::Unavailable,
+            }
         }
-        Some(CpuClaims(held))
+        if cpus.len() < count {
+            return CpuClaim::Busy;
+        }
+        CpuClaim::Claimed(CpuClaims { cpus, _held: held })
     }
 
-    /// CPUs held.
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// Whether none is held.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+    /// The CPUs claimed, in ascending order.
+    pub fn cpus(&self) -> &[usize] {
+        &self.cpus
     }
 }
 
@@ -85,10 +106,15 @@ pub fn allowed_cpus() -> usize {
 /// Pins the calling thread, and the threads it starts afterwards, to one CPU among those it may
 /// run on: the `index`-th, modulo their number. Returns the CPU, or `None` if the kernel refused.
 pub fn pin_to_cpu(index: usize) -> Option<usize> {
+    let cpus = allowed_cpu_list()?;
+    pin_to(*cpus.get(index % cpus.len().max(1))?)
+}
+
+/// Pins the calling thread, and the threads it starts afterwards, to CPU `cpu`. Returns it, or
+/// `None` if the kernel refused.
+pub fn pin_to(cpu: usize) -> Option<usize> {
     use nix::sched::{CpuSet, sched_setaffinity};
     use nix::unistd::Pid;
-    let cpus = allowed_cpu_list()?;
-    let cpu = *cpus.get(index % cpus.len().max(1))?;
     let mut one = CpuSet::new();
     one.set(cpu).ok()?;
     sched_setaffinity(Pid::from_raw(0), &one).ok()?;

@@ -76,7 +76,8 @@ pub(super) fn prot(state: u8) -> libc::c_int {
 }
 
 /// Waiting out another thread's `BUSY`: a few yields (an owner on another CPU is done within
-/// microseconds), then sleeps of 1 µs doubling up to 64 µs. A sleep lets the owner run where a
+/// microseconds), then sleeps of 1 µs doubling up to 64 µs (a thread of normal priority sleeps
+/// at least its timer slack, 50 µs by default; a real-time one, no more than asked). A sleep lets the owner run where a
 /// yield may not: the service thread runs at real-time priority on the application's CPU in a
 /// local job, and its `sched_yield` never gives the CPU to the application thread, whose fault
 /// handler may hold the `BUSY` it waits for; yielding alone, it waited until the kernel's

@@ -37,7 +37,8 @@ pub enum ProtocolError {
     /// A node called exit while another waits at a barrier, or arrived at one after another
     /// called exit: they would wait for each other forever.
     #[error(
-        "{exited} called exit while {waiting} waits at {barrier}: every node must pass the same barriers before it exits"
+        "{exited} called exit while {waiting} waits at {barrier}{}: every node must pass the same barriers before it exits",
+        collect_note(.barrier)
     )]
     ExitAtBarrier { exited: NodeId, waiting: NodeId, barrier: BarrierId },
     /// An allocation failed.
@@ -60,4 +61,9 @@ pub enum ProtocolError {
     /// The application asked for something while another request is pending.
     #[error("{what} requested while another request is still pending")]
     Busy { what: &'static str },
+}
+
+/// Barrier 0 is also `Tmk::collect`'s: a node waiting there may be in either.
+fn collect_note(barrier: &BarrierId) -> &'static str {
+    if barrier.0 == 0 { " (or in Tmk::collect, which is barrier 0)" } else { "" }
 }

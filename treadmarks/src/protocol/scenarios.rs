@@ -1668,4 +1668,6 @@ fn an_exit_while_another_node_waits_at_a_barrier_is_an_error_naming_both() {
         err,
         ProtocolError::ExitAtBarrier { exited: NodeId(1), waiting: NodeId(0), barrier: BarrierId(0) }
     );
+    // Barrier 0 is also a collection's.
+    assert!(err.to_string().contains("waits at barrier 0 (or in Tmk::collect, which is barrier 0)"), "{err}");
 }

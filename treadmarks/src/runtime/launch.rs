@@ -67,13 +67,19 @@ impl StartupWatch {
 
 impl Children {
     /// Spawns nodes `1..nprocs`, meeting at `root`.
-    /// `pin`: the launcher's decision to pin the job's nodes, passed on as `TMK_PIN`.
-    pub fn spawn(nprocs: u16, root: SocketAddr, pin: bool) -> Result<Children> {
+    /// `pin`: the launcher's decision to pin the job's nodes, passed on as `TMK_PIN`, and the
+    /// CPUs it claimed for them, if it did (`TMK_LAUNCHER_CPUS`, read by [`claimed_cpus`]).
+    pub fn spawn(nprocs: u16, root: SocketAddr, pin: bool, cpus: Option<&[usize]>) -> Result<Children> {
         let exe = std::env::current_exe().map_err(|source| Error::Spawn { node: NodeId(1), source })?;
         let mut children = Children::default();
+        let cpus = cpus.map(|c| c.iter().map(usize::to_string).collect::<Vec<_>>().join(","));
         for rank in 1..nprocs {
             let node = NodeId(rank);
-            let child = Command::new(&exe)
+            let mut cmd = Command::new(&exe);
+            if let Some(cpus) = &cpus {
+                cmd.env("TMK_LAUNCHER_CPUS", cpus);
+            }
+            let child = cmd
                 .args(std::env::args_os().skip(1))
                 .env("TMK_RANK", rank.to_string())
                 .env("TMK_NPROCS", nprocs.to_string())
@@ -130,6 +136,12 @@ impl Drop for Children {
     }
 }
 
+/// In a node a launcher spawned: the CPUs the launcher claimed for the job, if it did.
+pub(crate) fn claimed_cpus() -> Option<Vec<usize>> {
+    let list = std::env::var("TMK_LAUNCHER_CPUS").ok()?;
+    list.split(',').map(|c| c.trim().parse().ok()).collect()
+}
+
 /// True in a node a launcher spawned on its own machine.
 pub(crate) fn spawned_by_launcher() -> bool {
     std::env::var_os("TMK_LAUNCHER_PID").is_some()
@@ -142,7 +154,7 @@ pub(crate) fn follow_launcher(me: NodeId) {
         return;
     };
     let said = format!("treadmarks: {me}: the launcher (node 0, pid {pid}) died; exiting\n");
-    let following = crate::mem::orphan::die_with_parent(&said).is_ok()
+    let following = crate::mem::orphan::die_with_parent(pid, &said).is_ok()
         || nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).is_ok();
     if following && nix::unistd::getppid().as_raw() != pid {
         crate::report(&format!("treadmarks: the launcher (pid {pid}) is gone; exiting"));
