@@ -3,10 +3,8 @@
 
 use crate::Result;
 use crate::summary::Summary;
-use std::hint::black_box;
-use std::time::{Duration, Instant};
-use treadmarks::mem::{BorrowTracker, Doorbell, FaultHandler, Heap, HeapLayout, HeapPages, Shared, probe};
-use treadmarks::protocol::{Access, PageIdx, PageMemory};
+use std::time::Duration;
+use treadmarks::mem::{Heap, HeapLayout, probe};
 
 /// Where the twin-fault heap lives: clear of a job's heap (default `0x6000_0000_0000`).
 pub const TWIN_HEAP_BASE: usize = 0x5800_0000_0000;
@@ -41,77 +39,22 @@ pub fn bare_fault(pages: usize, rounds: usize) -> Result<Summary> {
     Ok(Summary::mean_only(pages * rounds, total_ns / rounds as f64 / 1e3))
 }
 
-/// Times one write per page over `pages` read-only pages of a protected [`Heap`] with the
-/// treadmarks fault handler installed on this thread: every write takes the fast path (twin and
-/// unprotect in the handler). Pass 0 is cold (first touch of the twin area); then `rounds` warm
-/// passes are timed as a whole (the mean) and one more pass write by write (the median). The
-/// pages are re-protected read-only between passes. Handler and heap are dropped at the end.
-/// Returns the warm and the cold figures.
+/// Write faults through the treadmarks fault handler's fast path (twin and unprotect in the
+/// handler), on `pages` pages of a heap of its own at [`TWIN_HEAP_BASE`]
+/// (`treadmarks::mem::probe::twin_fault_times`): `rounds` warm passes timed as a whole (the
+/// mean), one more write by write (the median), and the cold first pass. Returns the warm and
+/// the cold figures.
 pub fn twin_fault(pages: usize, rounds: usize) -> Result<(Summary, Summary)> {
-    let heap = Heap::map(HeapLayout { base: TWIN_HEAP_BASE, size: TWIN_HEAP_SIZE, protect: true })?;
-    let ps = heap.page_size();
-    let npages = u32::try_from(pages)?;
-    if pages == 0 || pages > heap.npages() as usize {
-        return Err(
-            format!("twin_fault: {pages} pages do not fit the {} MiB heap", TWIN_HEAP_SIZE >> 20).into()
-        );
-    }
-    let handler = FaultHandler::install(heap.clone(), Doorbell::new()?)?;
-    let tracker = BorrowTracker::claim(heap.clone()).ok_or("the twin-fault heap's tracker was taken")?;
-    let all: Shared<[u8]> = Shared::from_raw_parts(0, (pages * ps) as u64);
-    let mut pages_mem = HeapPages::claim(heap.clone()).ok_or("the twin-fault heap's pages were taken")?;
-
-    // Map every page into the application view (reads of read-only pages do not fault), so the
-    // passes below see protection faults, not first-touch faults of the memfd.
-    {
-        let v = tracker.view(&all)?;
-        let mut sum = 0u64;
-        for p in 0..pages {
-            sum += u64::from(v[p * ps]);
-        }
-        black_box(sum);
-    }
-
-    let mut pass = |value: u8, per_write: bool| -> Result<(Duration, Vec<Duration>)> {
-        let mut samples = Vec::with_capacity(if per_write { pages } else { 0 });
-        let t = Instant::now();
-        {
-            let mut v = tracker.view_mut(&all)?;
-            for p in 0..pages {
-                if per_write {
-                    let t = Instant::now();
-                    *black_box(&mut v[p * ps]) = value;
-                    samples.push(t.elapsed());
-                } else {
-                    *black_box(&mut v[p * ps]) = value;
-                }
-            }
-        }
-        let total = t.elapsed();
-        let mut twinned = 0usize;
-        heap.drain_fast_twins(|_| twinned += 1);
-        if twinned != pages {
-            return Err(format!("twin_fault: {twinned} fast-path twins for {pages} writes").into());
-        }
-        pages_mem.set_access(PageIdx(0), npages, Access::Read);
-        Ok((total, samples))
-    };
-
-    let (cold, _) = pass(1, false)?;
-    let mut warm = Duration::ZERO;
-    for r in 0..rounds {
-        warm += pass((2 + r) as u8, false)?.0;
-    }
-    let (_, samples) = pass(1, true)?;
-    drop(handler);
-    drop(pages_mem);
-    drop(heap);
-
+    let t = probe::twin_fault_times(TWIN_HEAP_BASE, TWIN_HEAP_SIZE, pages, rounds)?;
     let per = |d: Duration, n: usize| d.as_secs_f64() * 1e6 / n as f64;
-    let p50 = Summary::of(&samples).p50_us;
+    let warm: Duration = t.warm.iter().sum();
     Ok((
-        Summary { n: pages * rounds, mean_us: per(warm, pages * rounds), p50_us: p50 },
-        Summary::mean_only(pages, per(cold, pages)),
+        Summary {
+            n: pages * rounds,
+            mean_us: per(warm, pages * rounds),
+            p50_us: Summary::of(&t.per_write).p50_us,
+        },
+        Summary::mean_only(pages, per(t.cold, pages)),
     ))
 }
 

@@ -33,15 +33,16 @@ fn bridgeable(s: u8) -> bool {
     write_protected(s) || s == state::INVALID
 }
 
-/// [`PageMemory`] over a real [`Heap`]: the node's, one per heap ([`HeapPages::claim`]), since
-/// two could hand out aliasing `&mut` slices of one page. (This crate's own tests make more, to
-/// read a page's twin beside the node's.)
+/// [`PageMemory`] over a real [`Heap`]: the node's, one per heap (`HeapPages::claim`), since
+/// two could hand out aliasing `&mut` slices of one page; and only this crate makes one, since
+/// its bytes alias those a view hands out (the runtime keeps the two apart). (This crate's own
+/// tests make more, to read a page's twin beside the node's.)
 #[derive(Debug)]
 pub struct HeapPages(pub(crate) Arc<Heap>);
 
 impl HeapPages {
     /// The [`PageMemory`] of `heap`, the first time it is asked for; `None` after.
-    pub fn claim(heap: Arc<Heap>) -> Option<HeapPages> {
+    pub(crate) fn claim(heap: Arc<Heap>) -> Option<HeapPages> {
         Heap::claim(&heap.pages_claimed).then_some(HeapPages(heap))
     }
 

@@ -4,7 +4,7 @@
 use std::io;
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::error::MemError;
 use super::heap::system_page_size;
@@ -125,4 +125,80 @@ pub fn bare_fault_ns(pages: usize) -> Result<f64, MemError> {
     unsafe { libc::munmap(base.cast(), len) };
     drop(claim);
     result
+}
+
+/// Times of write faults through the treadmarks fault handler's fast path ([`twin_fault_times`]).
+#[derive(Debug, Clone)]
+pub struct TwinFaultTimes {
+    /// The first pass, while the twin area is touched for the first time.
+    pub cold: Duration,
+    /// Each warm pass.
+    pub warm: Vec<Duration>,
+    /// One more pass, write by write.
+    pub per_write: Vec<Duration>,
+}
+
+/// Write faults on `pages` read-only pages of a heap of `size` bytes at `base` (any free range),
+/// with a treadmarks fault handler installed on this thread: every write takes the fast path
+/// (twin and unprotect in the handler). Pass 0 is cold; then `rounds` warm passes, and one more
+/// timed write by write. The pages are protected read-only again between passes. The heap
+/// and the handler are dropped at the end. Fails if a handler is installed already.
+pub fn twin_fault_times(
+    base: usize,
+    size: usize,
+    pages: usize,
+    rounds: usize,
+) -> Result<TwinFaultTimes, MemError> {
+    use super::{BorrowTracker, Doorbell, FaultHandler, Heap, HeapLayout, HeapPages, Shared};
+    use crate::protocol::{Access, PageIdx, PageMemory};
+    use std::hint::black_box;
+    let op = "time twin faults";
+    let heap = Heap::map(HeapLayout { base, size, protect: true })?;
+    let ps = heap.page_size();
+    if pages == 0 || pages > heap.npages() as usize {
+        let reason = format!("{pages} pages do not fit the {size}-byte heap");
+        return Err(MemError::InvalidArgument { op, reason });
+    }
+    let handler = FaultHandler::install(heap.clone(), Doorbell::new()?)?;
+    // This function's own heap: nobody else holds its page memory or its views.
+    let tracker = BorrowTracker::claim(heap.clone()).expect("a fresh heap's tracker");
+    let mut pages_mem = HeapPages::claim(heap.clone()).expect("a fresh heap's pages");
+    let all: Shared<[u8]> = Shared::from_raw_parts(0, (pages * ps) as u64);
+    // Map every page into the application view (reads of read-only pages do not fault), so the
+    // passes see protection faults, not first-touch faults of the memfd.
+    let view_failed = |e: super::ViewError| MemError::InvalidArgument { op, reason: e.to_string() };
+    {
+        let v = tracker.view(&all).map_err(view_failed)?;
+        black_box((0..pages).map(|p| u64::from(v[p * ps])).sum::<u64>());
+    }
+    let mut pass = |value: u8, per_write: bool| -> Result<(Duration, Vec<Duration>), MemError> {
+        let mut samples = Vec::with_capacity(if per_write { pages } else { 0 });
+        let t = Instant::now();
+        {
+            let mut v = tracker.view_mut(&all).map_err(view_failed)?;
+            for p in 0..pages {
+                if per_write {
+                    let t = Instant::now();
+                    *black_box(&mut v[p * ps]) = value;
+                    samples.push(t.elapsed());
+                } else {
+                    *black_box(&mut v[p * ps]) = value;
+                }
+            }
+        }
+        let total = t.elapsed();
+        let mut twinned = 0usize;
+        heap.drain_fast_twins(|_| twinned += 1);
+        if twinned != pages {
+            let reason = format!("{twinned} fast-path twins for {pages} writes");
+            return Err(MemError::InvalidArgument { op, reason });
+        }
+        pages_mem.set_access(PageIdx(0), pages as u32, Access::Read);
+        Ok((total, samples))
+    };
+    let (cold, _) = pass(1, false)?;
+    let warm = (0..rounds).map(|r| pass((2 + r) as u8, false).map(|p| p.0)).collect::<Result<_, _>>()?;
+    let (_, per_write) = pass(1, true)?;
+    drop(handler);
+    Ok(TwinFaultTimes { cold, warm, per_write })
 }

@@ -109,7 +109,7 @@ pub enum ViewError {
     PartOutOfBounds { start: usize, end: usize, len: usize },
 }
 
-/// Live views of one node's heap, by byte range. One per heap ([`BorrowTracker::claim`]): a
+/// Live views of one node's heap, by byte range. One per heap (`BorrowTracker::claim`): a
 /// view is exclusive only against the other views of its tracker.
 #[derive(Debug)]
 pub struct BorrowTracker {
@@ -119,7 +119,7 @@ pub struct BorrowTracker {
 
 impl BorrowTracker {
     /// The tracker of `heap`'s views, the first time one is asked for; `None` after.
-    pub fn claim(heap: Arc<Heap>) -> Option<BorrowTracker> {
+    pub(crate) fn claim(heap: Arc<Heap>) -> Option<BorrowTracker> {
         Heap::claim(&heap.tracker_claimed).then(|| BorrowTracker { heap, live: RefCell::default() })
     }
 
