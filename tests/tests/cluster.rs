@@ -109,6 +109,16 @@ fn an_exit_while_a_node_waits_at_a_barrier_fails_the_job_naming_both() {
 }
 
 #[test]
+fn a_distribute_node_0_will_not_answer_fails_the_job_naming_the_waiting_node() {
+    for (backend, out) in run("distribute-unanswered", 3, 29).iter() {
+        assert_ne!(out.code, Some(0), "{backend}: {out:#?}");
+        // Whichever of nodes 1 and 2 asked first is named.
+        let why = "waits for distributed value 0 while node 0 is at barrier 1";
+        survivors_say(backend, out, &[0, 1, 2], why);
+    }
+}
+
+#[test]
 fn a_failed_exit_is_what_the_peers_are_told() {
     for (backend, out) in run("exit-holding", 2, 26).iter() {
         assert_ne!(out.code, Some(0), "{backend}: {out:#?}");

@@ -331,9 +331,10 @@ impl Tmk {
     ///
     /// It passes a value, not the heap's contents, and it is not a synchronization: node 0
     /// returns once its value is sent. What node 0 wrote into the heap before it reaches the
-    /// others at the next barrier (or through a lock). Calls pair up in order on every node; a
-    /// node that skips one waits for a value that never comes, and one value node 0 sends that
-    /// nobody takes is not reported.
+    /// others at the next barrier (or through a lock). Calls pair up in order on every node: a
+    /// node that waits for a value node 0 does not send fails the job once node 0 goes into a
+    /// barrier or exit instead ([`ProtocolError::DistributeUnanswered`]); a value node 0 sends
+    /// that nobody takes is not reported.
     pub fn distribute<T: Pod>(&mut self, value: &mut T) -> Result<()> {
         let mine = (self.me == NodeId(0)).then(|| bytemuck::bytes_of(value).to_vec());
         match self.done(Command::Distribute(mine))? {

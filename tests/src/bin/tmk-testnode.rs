@@ -468,6 +468,18 @@ fn launcher_dies(tmk: &mut Tmk) -> R {
     Err(Error::Failed("passed a barrier without node 0".into()))
 }
 
+/// The others wait for a value node 0 never distributes: it goes into a barrier instead.
+fn distribute_unanswered(tmk: &mut Tmk) -> R {
+    tmk.barrier(0)?;
+    if tmk.proc_id() == 0 {
+        tmk.barrier(1)?;
+    } else {
+        let mut value = 0u64;
+        tmk.distribute(&mut value)?;
+    }
+    Err(Error::Failed("a distribute or a barrier went through unmatched".into()))
+}
+
 /// Each node says how many CPUs it may run on (1: pinned).
 fn affinity(tmk: &mut Tmk) -> R {
     println!("NODE {} CPUS {}", tmk.proc_id(), treadmarks::mem::sched::allowed_cpus());
@@ -758,6 +770,7 @@ fn main() -> ExitCode {
             "exit-at-barrier" => exit_at_barrier(&mut tmk),
             "exit-holding" => exit_holding(&mut tmk),
             "affinity" => affinity(&mut tmk),
+            "distribute-unanswered" => distribute_unanswered(&mut tmk),
             "launcher-dies" => launcher_dies(&mut tmk),
             other => Err(Error::Failed(format!("unknown scenario {other:?}"))),
         };

@@ -78,6 +78,9 @@ impl<M: PageMemory> Node<M> {
             return Err(ProtocolError::UnknownBarrier { barrier, nbarriers: self.cfg.nbarriers });
         }
         self.begin("barrier")?;
+        if self.me == NodeId(0) {
+            self.check_distribute_waits(|| format!("at {barrier}"))?;
+        }
         self.close_interval(true);
         let pushes = self.plan_push();
         let mine = self.vt.get(self.me);

@@ -84,6 +84,9 @@ impl<M: PageMemory> Node<M> {
         let seq = self.distribute_seq;
         self.distribute_seq += 1;
         if self.me == ROOT {
+            for wait in &mut self.distribute_waits {
+                *wait = wait.filter(|&s| s > seq);
+            }
             let bytes = bytes.unwrap_or_default();
             let heap_end = self.allocator.as_ref().map_or(0, |a| a.high_water());
             for n in 1..self.cfg.nprocs {
@@ -98,8 +101,21 @@ impl<M: PageMemory> Node<M> {
             self.done.push_back(AppDone::Distributed(bytes));
         } else {
             self.pending = Pending::Distribute(seq);
+            self.outbox.push_back((ROOT, Message::DistributeWait { seq }));
         }
         Ok(())
+    }
+
+    /// At node 0, about to wait in a barrier or exit (`root`, what it is in): an error if
+    /// some node waits for a value node 0 has not distributed, which it now never would.
+    pub(crate) fn check_distribute_waits(&self, root: impl FnOnce() -> String) -> Result<(), ProtocolError> {
+        let waiting = self.distribute_waits.iter().enumerate().find_map(|(n, w)| Some((n, (*w)?)));
+        match waiting {
+            Some((n, value)) if value >= self.distribute_seq => {
+                Err(ProtocolError::DistributeUnanswered { waiting: NodeId(n as u16), value, root: root() })
+            }
+            _ => Ok(()),
+        }
     }
 
     /// The application is done; completes with [`AppDone::Exited`] once every node is done.
@@ -108,6 +124,9 @@ impl<M: PageMemory> Node<M> {
         // A lock held at exit would keep everybody who asks for it next waiting forever.
         if let Some(&lock) = self.held_locks.first() {
             return Err(ProtocolError::ExitHolding { lock });
+        }
+        if self.me == ROOT {
+            self.check_distribute_waits(|| "in exit".into())?;
         }
         self.pending = Pending::Exit;
         self.outbox.push_back((ROOT, Message::ExitArrive));
@@ -186,6 +205,24 @@ impl<M: PageMemory> Node<M> {
                     }
                     self.complete(|p| matches!(p, Pending::Exit), AppDone::Exited)
                         .expect("node 0 arrived, so it waits for exit");
+                }
+            }
+            Message::DistributeWait { seq } => {
+                if self.me != ROOT || from == ROOT {
+                    return Err(unexpected("distribute wait"));
+                }
+                // Asked before the value reached it: answered already.
+                if seq < self.distribute_seq {
+                    return Ok(());
+                }
+                self.distribute_waits[from.idx()] = Some(seq);
+                let root = match self.pending {
+                    Pending::Barrier(b) => Some(format!("at {b}")),
+                    Pending::Exit => Some("in exit".into()),
+                    _ => None,
+                };
+                if let Some(root) = root {
+                    return Err(ProtocolError::DistributeUnanswered { waiting: from, value: seq, root });
                 }
             }
             Message::ExitRelease => {

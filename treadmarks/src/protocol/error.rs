@@ -41,6 +41,11 @@ pub enum ProtocolError {
         collect_note(.barrier)
     )]
     ExitAtBarrier { exited: NodeId, waiting: NodeId, barrier: BarrierId },
+    /// A node waits for a distributed value that node 0, at a barrier or in exit, will not send.
+    #[error(
+        "{waiting} waits for distributed value {value} while node 0 is {root}: every distribute call on node 0 pairs with one on every node"
+    )]
+    DistributeUnanswered { waiting: NodeId, value: u64, root: String },
     /// An allocation failed.
     #[error(transparent)]
     Alloc(#[from] AllocFailure),

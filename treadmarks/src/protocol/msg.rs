@@ -150,6 +150,10 @@ pub enum Message {
     Pong { token: u64 },
     /// The sender's job failed, for this reason; the receiver fails too, naming the cause.
     Abort { reason: String },
+    /// Node → node 0: my application waits for the `seq`-th distributed value, which has not
+    /// come (so that node 0 can tell, rather than wait forever, when it goes into a barrier or
+    /// exit instead of sending it).
+    DistributeWait { seq: u64 },
 }
 
 /// The kind of a message, for statistics.
@@ -236,7 +240,7 @@ impl Message {
             | Message::AllocReply { .. }
             | Message::FreeRequest { .. }
             | Message::FreeReply { .. } => MsgKind::Alloc,
-            Message::Distribute { .. } => MsgKind::Distribute,
+            Message::Distribute { .. } | Message::DistributeWait { .. } => MsgKind::Distribute,
             Message::ExitArrive | Message::ExitRelease => MsgKind::Exit,
             Message::Ping { .. } | Message::Pong { .. } => MsgKind::Ping,
             Message::Abort { .. } => MsgKind::Abort,

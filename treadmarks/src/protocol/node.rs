@@ -178,6 +178,9 @@ pub struct Node<M> {
     pub(crate) distribute_seq: u64,
     pub(crate) distributed: VecDeque<(u64, Vec<u8>)>,
     pub(crate) exit_arrived: Vec<bool>,
+    /// At node 0: per node, the distributed value its application waits for, unsent when it
+    /// asked (`Message::DistributeWait`).
+    pub(crate) distribute_waits: Vec<Option<u64>>,
     pub(crate) pending: Pending,
     /// Access misses in flight (the application's, or a collection's validations).
     pub(crate) misses: BTreeMap<PageIdx, Miss>,
@@ -238,6 +241,7 @@ impl<M: PageMemory> Node<M> {
             distribute_seq: 0,
             distributed: VecDeque::new(),
             exit_arrived: vec![false; n],
+            distribute_waits: vec![None; n],
             pending: Pending::None,
             misses: BTreeMap::new(),
             validated: Vec::new(),

@@ -1671,3 +1671,40 @@ fn an_exit_while_another_node_waits_at_a_barrier_is_an_error_naming_both() {
     // Barrier 0 is also a collection's.
     assert!(err.to_string().contains("waits at barrier 0 (or in Tmk::collect, which is barrier 0)"), "{err}");
 }
+
+#[test]
+fn a_distribute_node_0_will_not_answer_is_an_error_naming_the_waiting_node() {
+    // Node 1 waits for a value; node 0 distributes it: nothing wrong, and the barrier after is
+    // passed.
+    let mut net = Net::new(2);
+    net.nodes[1].request_distribute(None).unwrap();
+    net.settle();
+    net.nodes[0].request_distribute(Some(vec![7])).unwrap();
+    net.settle();
+    assert_eq!(net.done(0), Some(AppDone::Distributed(vec![7])));
+    assert_eq!(net.done(1), Some(AppDone::Distributed(vec![7])));
+    net.barrier();
+
+    // Node 1 waits for a second value; node 0 goes into a barrier instead.
+    net.nodes[1].request_distribute(None).unwrap();
+    net.settle();
+    let err = net.nodes[0].request_barrier(BarrierId(1)).expect_err("unanswered");
+    let want =
+        ProtocolError::DistributeUnanswered { waiting: NodeId(1), value: 1, root: "at barrier 1".into() };
+    assert_eq!(err, want);
+    assert!(
+        err.to_string().starts_with("node 1 waits for distributed value 1 while node 0 is at barrier 1"),
+        "{err}"
+    );
+
+    // The other way round: node 0 is in exit when node 1's wait comes.
+    let mut net = Net::new(2);
+    net.nodes[0].request_exit().unwrap();
+    net.nodes[1].request_distribute(None).unwrap();
+    let Some((_, wait)) = net.nodes[1].poll_transmit() else { panic!("no wait sent") };
+    let err = net.nodes[0].handle_message(NodeId(1), wait).expect_err("unanswered");
+    assert_eq!(
+        err,
+        ProtocolError::DistributeUnanswered { waiting: NodeId(1), value: 0, root: "in exit".into() }
+    );
+}
