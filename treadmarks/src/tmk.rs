@@ -333,8 +333,8 @@ impl Tmk {
     /// returns once its value is sent. What node 0 wrote into the heap before it reaches the
     /// others at the next barrier (or through a lock). Calls pair up in order on every node: a
     /// node that waits for a value node 0 does not send fails the job once node 0 goes into a
-    /// barrier or exit instead ([`ProtocolError::DistributeUnanswered`]); a value node 0 sends
-    /// that nobody takes is not reported.
+    /// barrier or exit instead ([`ProtocolError::DistributeUnanswered`]); a node that exits
+    /// with values node 0 sent that it never took warns.
     pub fn distribute<T: Pod>(&mut self, value: &mut T) -> Result<()> {
         let mine = (self.me == NodeId(0)).then(|| bytemuck::bytes_of(value).to_vec());
         match self.done(Command::Distribute(mine))? {

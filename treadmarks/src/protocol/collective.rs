@@ -128,6 +128,14 @@ impl<M: PageMemory> Node<M> {
         if self.me == ROOT {
             self.check_distribute_waits(|| "in exit".into())?;
         }
+        if let Some(&(seq, _)) = self.distributed.front() {
+            let n = self.distributed.len();
+            self.warnings.push_back(format!(
+                "exiting with {n} distributed value{} from value {seq} on never taken: every distribute \
+                 call on node 0 pairs with one on every node",
+                if n == 1 { "" } else { "s" }
+            ));
+        }
         self.pending = Pending::Exit;
         self.outbox.push_back((ROOT, Message::ExitArrive));
         self.deliver_local()

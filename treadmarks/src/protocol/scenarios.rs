@@ -1708,3 +1708,16 @@ fn a_distribute_node_0_will_not_answer_is_an_error_naming_the_waiting_node() {
         ProtocolError::DistributeUnanswered { waiting: NodeId(1), value: 0, root: "in exit".into() }
     );
 }
+
+#[test]
+fn a_distributed_value_nobody_takes_is_warned_of_at_exit() {
+    let mut net = Net::new(2);
+    net.nodes[0].request_distribute(Some(vec![1])).unwrap();
+    net.nodes[0].request_distribute(Some(vec![2])).unwrap();
+    net.settle();
+    net.nodes[1].request_distribute(None).unwrap();
+    assert_eq!(net.done(1), Some(AppDone::Distributed(vec![1])));
+    net.nodes[1].request_exit().unwrap();
+    let warning = net.nodes[1].poll_warning().expect("a warning");
+    assert!(warning.starts_with("exiting with 1 distributed value from value 1 on never taken"), "{warning}");
+}
