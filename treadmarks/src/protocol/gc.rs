@@ -64,6 +64,9 @@ pub(crate) struct GcRound {
 /// that no barrier collects it (`Node::check_consistency_data`).
 pub(crate) const OVERDUE_FACTOR: u64 = 2;
 
+/// The threshold the warning counts from where the collection threshold is 0.
+pub(crate) const ZERO_THRESHOLD_WARNS_AS: u64 = 1 << 20;
+
 impl<M: PageMemory> Node<M> {
     /// Bytes of consistency data this node holds now.
     pub fn consistency_bytes(&self) -> u64 {
@@ -109,7 +112,10 @@ impl<M: PageMemory> Node<M> {
         if bytes > self.cfg.consistency_limit {
             return Err(ProtocolError::ConsistencyLimit { bytes, limit: self.cfg.consistency_limit });
         }
-        let overdue = self.cfg.gc_threshold.saturating_mul(OVERDUE_FACTOR);
+        // A threshold of 0 asks every barrier to collect; warned of as if it were 1 MiB, or a
+        // program with a few lock operations between barriers would be told to add some.
+        let base = if self.cfg.gc_threshold == 0 { ZERO_THRESHOLD_WARNS_AS } else { self.cfg.gc_threshold };
+        let overdue = base.saturating_mul(OVERDUE_FACTOR);
         if bytes > overdue && bytes > self.gc_warned_at.saturating_mul(2) {
             self.gc_warned_at = bytes;
             let limit = match self.cfg.consistency_limit {
@@ -118,9 +124,8 @@ impl<M: PageMemory> Node<M> {
             };
             self.warnings.push_back(format!(
                 "consistency data is {bytes} bytes{limit}, over {OVERDUE_FACTOR} times the collection \
-                 threshold of {} bytes, and only a barrier collects it: a program that synchronizes \
-                 with locks alone should call Tmk::collect() (a collective) or a barrier now and then",
-                self.cfg.gc_threshold
+                 threshold of {base} bytes, and only a barrier collects it: a program that synchronizes \
+                 with locks alone should call Tmk::collect() (a collective) or a barrier now and then"
             ));
         }
         Ok(())

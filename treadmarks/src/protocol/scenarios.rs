@@ -1721,3 +1721,27 @@ fn a_distributed_value_nobody_takes_is_warned_of_at_exit() {
     let warning = net.nodes[1].poll_warning().expect("a warning");
     assert!(warning.starts_with("exiting with 1 distributed value from value 1 on never taken"), "{warning}");
 }
+
+#[test]
+fn a_zero_collection_threshold_is_not_a_reason_to_warn_of_lock_only_phases() {
+    // 0 asks every barrier to collect; a few lock rounds between barriers are no cause for the
+    // overdue warning, which counts from 1 MiB then. (A 1-byte threshold warns at once.)
+    for (threshold, warns) in [(0, false), (1, true)] {
+        let mut net = Net::new(2);
+        for node in &mut net.nodes {
+            node.cfg.gc_threshold = threshold;
+        }
+        for round in 0..20 {
+            for i in 0..2 {
+                net.nodes[i].request_acquire(LockId(0)).unwrap();
+                net.settle();
+                assert_eq!(net.done(i), Some(AppDone::Acquired(LockId(0))));
+                net.write(i, 1 + i as u32, round, 1);
+                net.nodes[i].request_release(LockId(0)).unwrap();
+                net.settle();
+            }
+        }
+        let warned = net.nodes.iter_mut().any(|n| n.poll_warning().is_some());
+        assert_eq!(warned, warns, "threshold {threshold}");
+    }
+}
