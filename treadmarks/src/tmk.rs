@@ -524,8 +524,11 @@ impl Tmk {
                     ViewError::PartOutOfBounds { start: part.start, end: part.end, len: h.len() }.into()
                 );
             }
-            let part = h.slice(part.start, part.end);
-            pages.extend(pick(&self.heap, part.offset(), Self::bytes(&part)));
+            // Alone, a node's pages are all valid and writable, always: nothing to look up.
+            if self.nprocs > 1 {
+                let part = h.slice(part.start, part.end);
+                pages.extend(pick(&self.heap, part.offset(), Self::bytes(&part)));
+            }
         }
         pages.sort_unstable();
         pages.dedup();
