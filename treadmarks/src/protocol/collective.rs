@@ -109,12 +109,12 @@ impl<M: PageMemory> Node<M> {
     /// At node 0, about to wait in a barrier or exit (`root`, what it is in): an error if
     /// some node waits for a value node 0 has not distributed, which it now never would.
     pub(crate) fn check_distribute_waits(&self, root: impl FnOnce() -> String) -> Result<(), ProtocolError> {
-        let waiting = self.distribute_waits.iter().enumerate().find_map(|(n, w)| Some((n, (*w)?)));
-        match waiting {
-            Some((n, value)) if value >= self.distribute_seq => {
+        let unsent = |(n, w): (usize, &Option<u64>)| w.filter(|&v| v >= self.distribute_seq).map(|v| (n, v));
+        match self.distribute_waits.iter().enumerate().find_map(unsent) {
+            Some((n, value)) => {
                 Err(ProtocolError::DistributeUnanswered { waiting: NodeId(n as u16), value, root: root() })
             }
-            _ => Ok(()),
+            None => Ok(()),
         }
     }
 
@@ -224,8 +224,10 @@ impl<M: PageMemory> Node<M> {
                     return Ok(());
                 }
                 self.distribute_waits[from.idx()] = Some(seq);
+                // At a barrier not yet released (released, node 0 is on its way out of it: the
+                // waiting node passed it first), or in exit.
                 let root = match self.pending {
-                    Pending::Barrier(b) => Some(format!("at {b}")),
+                    Pending::Barrier(b) if self.open_barrier().is_some() => Some(format!("at {b}")),
                     Pending::Exit => Some("in exit".into()),
                     _ => None,
                 };

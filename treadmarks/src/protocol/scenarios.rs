@@ -1745,3 +1745,34 @@ fn a_zero_collection_threshold_is_not_a_reason_to_warn_of_lock_only_phases() {
         assert_eq!(warned, warns, "threshold {threshold}");
     }
 }
+
+#[test]
+fn a_distribute_wait_from_a_node_past_a_barrier_node_0_still_leaves_is_no_error() {
+    // Node 1 allocates, so node 0 has heap to back at the barrier: deferred work that holds its
+    // own passing after it released node 1. Node 1 passes and waits for a distributed value
+    // while node 0 is still in the barrier it released: not a mismatch.
+    let mut net = Net::new(2);
+    net.nodes[1].request_alloc(2 * PAGE as u64, PAGE as u64).unwrap();
+    net.settle();
+    assert!(matches!(net.done(1), Some(AppDone::Allocated(Ok(_)))));
+    let deliver = |net: &mut Net, from: usize| {
+        while let Some((to, msg)) = net.nodes[from].poll_transmit() {
+            net.nodes[to.idx()].handle_message(NodeId(from as u16), msg).expect("no protocol error");
+        }
+    };
+    net.nodes[1].request_barrier(BarrierId(0)).unwrap();
+    deliver(&mut net, 1);
+    net.nodes[0].request_barrier(BarrierId(0)).unwrap();
+    assert!(net.nodes[0].has_deferred(), "node 0 backs the heap before it passes");
+    deliver(&mut net, 0);
+    net.nodes[1].run_deferred().unwrap();
+    assert_eq!(net.done(1), Some(AppDone::BarrierPassed(BarrierId(0))));
+    assert_eq!(net.done(0), None, "node 0 is still in the barrier");
+    net.nodes[1].request_distribute(None).unwrap();
+    deliver(&mut net, 1);
+    net.nodes[0].run_deferred().unwrap();
+    assert_eq!(net.done(0), Some(AppDone::BarrierPassed(BarrierId(0))));
+    net.nodes[0].request_distribute(Some(vec![5])).unwrap();
+    net.settle();
+    assert_eq!(net.done(1), Some(AppDone::Distributed(vec![5])));
+}
