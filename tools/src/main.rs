@@ -160,5 +160,5 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     println!("wrote {}/bench.json, speedup.svg, efficiency.svg", plan.out.display());
-    if results.iter().any(|r| r.failures > 0) { ExitCode::FAILURE } else { ExitCode::SUCCESS }
+    if results.iter().any(|r| r.failures() > 0) { ExitCode::FAILURE } else { ExitCode::SUCCESS }
 }

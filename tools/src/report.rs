@@ -100,10 +100,12 @@ pub fn table(results: &[AppResult]) -> String {
         for (&n, dsm) in &r.dsm {
             let thr = &r.threads[&n];
             let msgs = stat(dsm, "msgs_sent");
-            let per_iter = iterations(r).map_or("-".into(), |i| format!("{:.0}", msgs / i as f64));
             // A cell with no good run has no statistics: "-", not zeros.
             let num = |v: f64, digits: usize| dsm.secs.map_or("-".into(), |_| format!("{v:.digits$}"));
-            let per_iter = if dsm.secs.is_some() { per_iter } else { "-".into() };
+            let per_iter = match (dsm.secs, iterations(r)) {
+                (Some(_), Some(i)) => format!("{:.0}", msgs / i as f64),
+                _ => "-".into(),
+            };
             let _ = writeln!(
                 s,
                 "{:<9} {:>2} {:>8} {:>8} {:>8} {:>7} {:>9} {:>11} {:>9} {:>11} {:>9} {:>7} {:>8} {:>9} {:>9}",
@@ -124,8 +126,8 @@ pub fn table(results: &[AppResult]) -> String {
                 num(stat(dsm, "barrier_wait_ms"), 1),
             );
         }
-        if r.failures > 0 {
-            let _ = writeln!(s, "{:<9}    {} FAILED RUNS", r.app.name, r.failures);
+        if r.failures() > 0 {
+            let _ = writeln!(s, "{:<9}    {} FAILED RUNS", r.app.name, r.failures());
         }
     }
     for r in results {
@@ -243,7 +245,7 @@ fn json(results: &[AppResult]) -> serde_json::Value {
                 },
                 "seq": cell(&r.seq),
                 "runs": per_n,
-                "failures": r.failures,
+                "failures": r.failures(),
             })
         })
         .collect();
@@ -306,7 +308,6 @@ mod tests {
             threads: runs.iter().map(|&(n, t, _)| (n, cell(t))).collect(),
             dsm: runs.iter().map(|&(n, _, d)| (n, cell(d))).collect(),
             mp: BTreeMap::new(),
-            failures: 0,
             detail: String::new(),
         }
     }

@@ -100,8 +100,15 @@ pub struct AppResult {
     pub dsm: BTreeMap<usize, Cell>,
     /// The hand-written message-passing version, by process count (apps that have one).
     pub mp: BTreeMap<usize, Cell>,
-    pub failures: usize,
     pub detail: String,
+}
+
+impl AppResult {
+    /// Runs that failed, over every cell.
+    pub fn failures(&self) -> usize {
+        let cells = [&self.threads, &self.dsm, &self.mp].into_iter().flat_map(|m| m.values());
+        std::iter::once(&self.seq).chain(cells).map(|c| c.errors.len()).sum()
+    }
 }
 
 struct One {
@@ -272,7 +279,6 @@ pub fn run_all(plan: &Plan) -> Result<Vec<AppResult>, String> {
                 }
             }
         }
-        let failures = runs.iter().map(|r| r.errors.len()).sum();
         let mut medians = cells.into_iter().zip(runs).map(|((mode, n), r)| (mode, n, r.median()));
         let seq = medians.next().map(|(_, _, cell)| cell).unwrap_or_default();
         let (mut threads, mut dsm, mut mp) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
@@ -283,7 +289,7 @@ pub fn run_all(plan: &Plan) -> Result<Vec<AppResult>, String> {
                 _ => dsm.insert(n, cell),
             };
         }
-        results.push(AppResult { app, size, seq, threads, dsm, mp, failures, detail });
+        results.push(AppResult { app, size, seq, threads, dsm, mp, detail });
     }
     progress(&format!("[{step}/{total}] done"), true);
     Ok(results)

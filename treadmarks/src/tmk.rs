@@ -136,12 +136,12 @@ impl Tmk {
         let mut children = None;
         let mut watch = None;
         let mut cpu_claims = None;
-        let mut busy = false;
         let mut node_pinned = false;
         let (engine, faults) = if n == 1 {
             (Engine::Local { node: Box::new(node), stats: Box::new(Stats::new(me, 1)) }, None)
         } else {
-            let (listener, root) = match config.role {
+            // Whether to pin, and the CPUs the launcher claimed for the job, if it did.
+            let (listener, root, pin, claimed) = match config.role {
                 Role::Launcher => {
                     let want = config.root.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)));
                     let l = TcpListener::bind(want)
@@ -149,37 +149,28 @@ impl Tmk {
                     let addr = l.local_addr().map_err(|e| Error::Failed(e.to_string()))?;
                     // Pinned only to CPUs no other job here is pinned to (`CpuClaims`), unless
                     // the user says; the nodes hear the decision, and the CPUs, from the launcher.
-                    if config.pin.is_none() {
-                        use crate::mem::sched::{CpuClaim, CpuClaims, allowed_cpus};
-                        let want = allowed_cpus().min(usize::from(n));
+                    use crate::mem::sched::{CpuClaim, CpuClaims, allowed_cpus};
+                    let claim = config.pin.is_none().then(|| {
                         let names = std::env::var("TMK_TEST_CPU_CLAIMS").unwrap_or("treadmarks-cpu".into());
-                        match CpuClaims::take_named(&names, want) {
-                            CpuClaim::Claimed(claims) => cpu_claims = Some(claims),
-                            CpuClaim::Busy => busy = true,
-                            CpuClaim::Unavailable => {}
-                        }
-                    }
-                    let pin = config.pin.unwrap_or(!busy);
-                    let cpus = cpu_claims.as_ref().map(|c| c.cpus());
-                    watch = Some(StartupWatch::new(Children::spawn(n, addr, pin, cpus)?));
-                    (Some(l), addr)
+                        CpuClaims::take_named(&names, allowed_cpus().min(usize::from(n)))
+                    });
+                    let pin = config.pin.or(claim.as_ref().and_then(CpuClaim::pin)).unwrap_or(true);
+                    cpu_claims = claim.and_then(CpuClaim::into_claims);
+                    let cpus = cpu_claims.as_ref().map(|c| c.cpus().to_vec());
+                    watch = Some(StartupWatch::new(Children::spawn(n, addr, pin, cpus.as_deref())?));
+                    (Some(l), addr, pin, cpus)
                 }
-                Role::Member { .. } => (None, config.root.expect("validated: members know the root")),
+                Role::Member { .. } => {
+                    let root = config.root.expect("validated: members know the root");
+                    (None, root, config.pin.unwrap_or(local_job), launch::claimed_cpus())
+                }
             };
             // All nodes of a job launched here share this machine's CPUs: give each its own
             // (its application and service threads), so that its protection changes need no
             // TLB shootdown on another CPU and its threads hand work to each other on one run
             // queue; a real-time service thread then preempts its own application at once.
             let cpus = crate::mem::sched::allowed_cpus();
-            let pin = match config.role {
-                Role::Launcher => config.pin.unwrap_or(!busy),
-                Role::Member { .. } => config.pin.unwrap_or(local_job),
-            };
             // To the launcher's claimed CPUs in turn, or to the `me`-th allowed one.
-            let claimed = match config.role {
-                Role::Launcher => cpu_claims.as_ref().map(|c| c.cpus().to_vec()),
-                Role::Member { .. } => launch::claimed_cpus(),
-            };
             let pinned = pin
                 && match claimed.filter(|c| !c.is_empty()) {
                     Some(cpus) => crate::mem::sched::pin_to(cpus[me.idx() % cpus.len()]).is_some(),

@@ -286,14 +286,10 @@ fn main_mp(s: &Size, config: &treadmarks::Config) -> ExitCode {
         let n = config.nprocs as usize;
         // Pinned as a DSM job is, only where no other job holds the CPUs: the first rank
         // claims them (for the life of the run) and tells the others.
-        let (mut pin, mut _claims) = (config.pin, None);
-        if pin.is_none() && Mesh::starts_here() {
-            match CpuClaims::take(allowed_cpus().min(n)) {
-                CpuClaim::Claimed(claims) => (pin, _claims) = (Some(true), Some(claims)),
-                CpuClaim::Busy => pin = Some(false),
-                CpuClaim::Unavailable => {}
-            }
-        }
+        let claim =
+            (config.pin.is_none() && Mesh::starts_here()).then(|| CpuClaims::take(allowed_cpus().min(n)));
+        let pin = config.pin.or(claim.as_ref().and_then(CpuClaim::pin));
+        let _claims = claim.and_then(CpuClaim::into_claims);
         let env: Vec<(&str, &str)> =
             pin.map(|p| ("TMK_PIN", if p { "1" } else { "0" })).into_iter().collect();
         let mut mesh = Mesh::start_with(n, &env).map_err(|e| format!("cannot start the mesh: {e}"))?;

@@ -46,11 +46,6 @@ impl HeapPages {
         Heap::claim(&heap.pages_claimed).then_some(HeapPages(heap))
     }
 
-    /// The heap these pages are of.
-    pub fn heap(&self) -> &Arc<Heap> {
-        &self.0
-    }
-
     /// Copies page `p` into its twin slot, owning the page's BUSY state meanwhile so that the
     /// fault handler cannot twin it at the same time. Panics with `refused()` (the state left as
     /// it was) if the page is in state `refuse`: the state in which the caller's contract does

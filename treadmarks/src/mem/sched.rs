@@ -29,6 +29,26 @@ pub enum CpuClaim {
     Unavailable,
 }
 
+impl CpuClaim {
+    /// Whether to pin, as the claim says: where claimed, yes; where others hold the CPUs, no;
+    /// where claims cannot be made, it has no say.
+    pub fn pin(&self) -> Option<bool> {
+        match self {
+            CpuClaim::Claimed(_) => Some(true),
+            CpuClaim::Busy => Some(false),
+            CpuClaim::Unavailable => None,
+        }
+    }
+
+    /// The claims, if they were made.
+    pub fn into_claims(self) -> Option<CpuClaims> {
+        match self {
+            CpuClaim::Claimed(claims) => Some(claims),
+            _ => None,
+        }
+    }
+}
+
 impl CpuClaims {
     /// Claims `count` CPUs this process may run on, the first ones no other process holds, all
     /// or none.

@@ -200,7 +200,6 @@ pub struct Node<M> {
     pub(crate) gc_done: Vec<bool>,
     /// The application asked the next barrier to collect.
     pub(crate) gc_force: bool,
-    /// Whether we already warned that the threshold passed with no barrier in sight.
     /// The consistency data last warned about (0: none since the last collection), so that
     /// each doubling past the overdue mark is said once (`gc.rs`).
     pub(crate) gc_warned_at: u64,

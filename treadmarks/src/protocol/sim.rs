@@ -745,29 +745,43 @@ fn run_walk_seed(seed: u64) -> (Vec<ProtocolStats>, u64) {
 
 /// Runs one simulation; returns every node's counters and the validations that needed no message.
 fn run_shape(seed: u64, shape: Shape) -> (Vec<ProtocolStats>, u64) {
-    let result = std::panic::catch_unwind(|| {
+    run_sim(seed, shape, |sim| (sim.stats(), sim.local_validations))
+}
+
+/// Runs one simulation and returns what `take` reads from it at the end; a failure names the
+/// seed, the shape and how to replay it.
+fn run_sim<T>(seed: u64, shape: Shape, take: impl FnOnce(&Sim) -> T) -> T {
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let mut sim = Sim::new(seed, &shape);
         sim.run();
-        (sim.nodes.iter().map(|sn| sn.node.stats().clone()).collect::<Vec<_>>(), sim.local_validations)
-    });
+        take(&sim)
+    }));
     match result {
-        Ok(stats) => stats,
+        Ok(taken) => taken,
         Err(e) => {
             let msg = e
                 .downcast_ref::<String>()
                 .cloned()
                 .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()));
             panic!(
-                "simulation failed for seed {seed} ({} nodes, {} words, {} locks, {} phases, lock walks: {}, skewed links: {}): {}\nreplay: TMK_SIM_SEED={seed} cargo test -p treadmarks sim",
+                "simulation failed for seed {seed} ({} nodes, {} words, {} locks, {} phases, lock walks: {}, skewed links: {}, racy: {}): {}\nreplay: TMK_SIM_SEED={seed} cargo test -p treadmarks sim",
                 shape.n,
                 shape.words,
                 shape.nlocks,
                 shape.phases,
                 shape.walks,
                 shape.skewed,
+                shape.racy,
                 msg.unwrap_or_default()
             )
         }
+    }
+}
+
+impl Sim {
+    /// Every node's counters.
+    fn stats(&self) -> Vec<ProtocolStats> {
+        self.nodes.iter().map(|sn| sn.node.stats().clone()).collect()
     }
 }
 
@@ -1021,29 +1035,13 @@ fn racy_programs_across_locks_read_values_happened_before_allows() {
     let (mut reads, mut exact, mut skipped) = (0, 0, 0);
     let mut totals = ProtocolStats::default();
     for seed in from..to {
-        let shape = racy_shape(seed);
-        let (n, words, nlocks, phases) = (shape.n, shape.words, shape.nlocks, shape.phases);
-        let run = std::panic::catch_unwind(|| {
-            let mut sim = Sim::new(seed, &shape);
-            sim.run();
+        let (r, e, k, stats) = run_sim(seed, racy_shape(seed), |sim| {
             let hb = sim.hb.as_ref().expect("a racy run has its oracle");
-            let stats: Vec<ProtocolStats> = sim.nodes.iter().map(|sn| sn.node.stats().clone()).collect();
-            (hb.reads, hb.exact_reads, hb.skipped_writes, stats)
+            (hb.reads, hb.exact_reads, hb.skipped_writes, sim.stats())
         });
-        match run {
-            Ok((r, e, k, stats)) => {
-                (reads, exact, skipped) = (reads + r, exact + e, skipped + k);
-                for s in &stats {
-                    totals += s;
-                }
-            }
-            Err(e) => {
-                let msg = e.downcast_ref::<String>().cloned().unwrap_or_default();
-                panic!(
-                    "racy simulation failed for seed {seed} ({n} nodes, {words} words, {nlocks} locks, \
-                     {phases} phases): {msg}\nreplay: TMK_SIM_SEED={seed} cargo test -p treadmarks sim"
-                );
-            }
+        (reads, exact, skipped) = (reads + r, exact + e, skipped + k);
+        for s in &stats {
+            totals += s;
         }
     }
     eprintln!("racy: reads {reads}, exact {exact}, writes skipped {skipped}; totals {totals:?}");
