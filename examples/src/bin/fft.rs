@@ -17,7 +17,9 @@ use std::ops::Range;
 use std::process::ExitCode;
 use std::sync::Barrier;
 use treadmarks::Shared;
-use treadmarks_examples::{App, Args, Flag, Mode, Outcome, SharedMut, Timer, block, run_app, worst};
+use treadmarks_examples::{
+    App, Args, Flag, Mode, Outcome, SharedMut, Timer, block, prefault, run_app, worst,
+};
 
 /// Largest error accepted, relative to the largest value.
 const TOLERANCE: f64 = 1e-9;
@@ -196,12 +198,19 @@ fn max_error(got: &[C], want: &[C]) -> f64 {
     worst(got.iter().zip(want).flat_map(|(x, y)| [(x[0] - y[0]).abs(), (x[1] - y[1]).abs()])) / scale
 }
 
+/// The input of `n` points and an array as long to transform it into, its pages mapped ahead.
+fn arrays(n: usize) -> [Vec<C>; 2] {
+    let mut out = vec![[0.0; 2]; n];
+    prefault(&mut out);
+    [input(0..n), out]
+}
+
 /// Checks a forward result against the sequential six-step run (exactly) and a plain radix-2
 /// FFT (within the tolerance): (passed, error against radix-2).
 fn check_forward(n1: usize, got: &[C]) -> (bool, f64) {
     let n = n1 * n1;
     let w = Worker::new(n1, 0..n1);
-    let mut arrays = [input(0..n), vec![[0.0; 2]; n]];
+    let mut arrays = arrays(n);
     transform_seq(&w, &mut arrays, false);
     let exact = got == arrays[1];
     if !exact {
@@ -230,7 +239,7 @@ fn verdict(n: usize, forward: (bool, f64), inverse: (bool, f64)) -> (bool, Strin
 
 fn threads(n1: usize, nthreads: usize) -> (f64, bool, String) {
     let n = n1 * n1;
-    let mut arrays = [input(0..n), vec![[0.0; 2]; n]];
+    let mut arrays = arrays(n);
     let workers: Vec<Worker> = (0..nthreads)
         .map(|me| {
             let (begin, end) = block(n1, me, nthreads);
@@ -340,7 +349,7 @@ fn main() -> ExitCode {
             Mode::Seq => {
                 let n = n1 * n1;
                 let w = Worker::new(n1, 0..n1);
-                let mut arrays = [input(0..n), vec![[0.0; 2]; n]];
+                let mut arrays = arrays(n);
                 let t = Timer::start();
                 transform_seq(&w, &mut arrays, false);
                 let secs = t.secs();

