@@ -199,15 +199,7 @@ fn invalid(name: &'static str, value: &str, why: impl ToString) -> ConfigError {
 
 /// This machine's memory (`MemTotal` in `/proc/meminfo`), if it can be read.
 fn physical_memory() -> Option<u64> {
-    meminfo("MemTotal:")
-}
-
-/// A figure of `/proc/meminfo` (`field` with its colon), in bytes, if it can be read.
-fn meminfo(field: &str) -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib: u64 =
-        info.lines().find_map(|l| l.strip_prefix(field))?.trim().strip_suffix("kB")?.trim().parse().ok()?;
-    Some(kib << 10)
+    crate::headroom::meminfo("MemTotal:")
 }
 
 /// An on/off setting: `1`, `on`, `true` or `yes`; `0`, `off`, `false` or `no`.
@@ -520,11 +512,12 @@ impl Config {
     }
 
     /// Refuses a job of `nodes` nodes on this machine whose startup reserves
-    /// ([`Config::startup_reserves`]) exceed the memory it has available (`MemAvailable`, the
-    /// machine's: a container's own limit is not seen): they would push it into swap or the
-    /// OOM killer while the nodes meet, and the job would time out with no word of why.
+    /// ([`Config::startup_reserves`]) exceed the memory it may still take (the machine's
+    /// `MemAvailable`, or less where its memory cgroup, a container's, allows less): they would
+    /// push it into swap or the OOM killer while the nodes meet, and the job would time out with
+    /// no word of why.
     pub fn check_startup_memory(&self, nodes: u16) -> Result<(), ConfigError> {
-        let Some(available) = meminfo("MemAvailable:") else { return Ok(()) };
+        let Some((available, whose)) = crate::headroom::available() else { return Ok(()) };
         let [diffs, twins, alloc] = self.startup_reserves();
         let each = diffs + twins + alloc;
         let total = each * u64::from(nodes);
@@ -534,8 +527,8 @@ impl Config {
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         let why = format!(
             "{nodes} nodes here back {} MiB each at startup (diffs {}, twins {}, allocator {} MiB), \
-             {:.1} GiB, more than the {:.1} GiB this machine has available: run fewer, or lower \
-             TMK_DIFF_RESERVE, TMK_TWIN_RESERVE and TMK_MALLOC_RESERVE (0 turns each off)",
+             {:.1} GiB, more than the {:.1} GiB {whose}: run fewer, or lower TMK_DIFF_RESERVE, \
+             TMK_TWIN_RESERVE and TMK_MALLOC_RESERVE (0 turns each off)",
             each >> 20,
             diffs >> 20,
             twins >> 20,
@@ -601,7 +594,7 @@ mod tests {
         let c = Config::default();
         let [diffs, twins, alloc] = c.startup_reserves();
         assert_eq!((diffs, twins, alloc), ((32 << 20) + (2 << 20), 32 << 20, 16 << 20));
-        let Some(available) = meminfo("MemAvailable:") else { return };
+        let Some((available, _)) = crate::headroom::available() else { return };
         let too_many = u16::try_from(available / (diffs + twins + alloc) + 1).unwrap_or(u16::MAX);
         let e = c.check_startup_memory(too_many).unwrap_err().to_string();
         assert!(e.contains("back 82 MiB each at startup (diffs 34, twins 32, allocator 16 MiB)"), "{e}");

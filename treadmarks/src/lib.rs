@@ -45,6 +45,7 @@
 
 pub mod config;
 pub mod error;
+mod headroom;
 #[cfg_attr(not(tmk_internals), doc(hidden))]
 pub mod mem;
 #[cfg_attr(not(tmk_internals), doc(hidden))]
