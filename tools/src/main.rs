@@ -13,7 +13,9 @@
 //! For each app: `seq` once per repetition, then `threads` and `dsm` at every node count
 //! (`dsm` with `TMK_STATS=json`, whose per-node lines are added up), and for radix its
 //! hand-written message-passing version (`--mode mp`) too. The median of the repetitions is
-//! reported. Output: a table on the terminal, with the targets checked
+//! reported, and beside DSM over threads the lowest and highest of that ratio repetition by
+//! repetition (`each rep`): the summary names a target whose repetitions fall on both sides of
+//! its limit. Output: a table on the terminal, with the targets checked
 //! at the default sizes (DSM within 5% of sequential at 1 node; DSM over threads at 2 nodes at
 //! most 1.3 or 2.0, per app) and summed up below it, `bench.json`, and two charts as SVG
 //! (`speedup.svg`: speedup over seq against nodes; `efficiency.svg`: DSM time / threads time per

@@ -23,6 +23,21 @@ fn fmt_ratio(r: Option<f64>) -> String {
     r.map_or("-".into(), |r| format!("{r:.2}"))
 }
 
+/// The lowest and highest of the ratios `a / b` of each repetition: the modes of a repetition run
+/// one after another, so a slow minute of the machine hits both times of a pair. None unless
+/// both cells passed every one of two or more repetitions (a failed one would shift the pairs).
+fn ratio_range(a: &Cell, b: &Cell) -> Option<(f64, f64)> {
+    if a.reps.len() < 2 || a.reps.len() != b.reps.len() || !a.errors.is_empty() || !b.errors.is_empty() {
+        return None;
+    }
+    let ratios = a.reps.iter().zip(&b.reps).map(|(x, y)| x / y);
+    Some(ratios.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), r| (lo.min(r), hi.max(r))))
+}
+
+fn fmt_range(r: Option<(f64, f64)>) -> String {
+    r.map_or("-".into(), |(lo, hi)| format!("{lo:.2}-{hi:.2}"))
+}
+
 /// Most DSM time over sequential time at one node: nobody to share with should cost nothing.
 pub const ONE_NODE_LIMIT: f64 = 1.05;
 
@@ -32,13 +47,21 @@ pub struct Target {
     /// What the DSM time is divided by: `"seq"` (one node) or `"threads"` (two nodes).
     pub over: &'static str,
     pub limit: f64,
+    /// The ratio of the median times.
     pub ratio: f64,
+    /// The lowest and highest ratio of one repetition's times ([`ratio_range`]).
+    pub range: Option<(f64, f64)>,
 }
 
 impl Target {
     /// The ratio is within the limit.
     pub fn met(&self) -> bool {
         self.ratio <= self.limit
+    }
+
+    /// Met, though some repetition's ratio was over the limit, or missed, though some was within.
+    pub fn split(&self) -> bool {
+        self.range.is_some_and(|(lo, hi)| if self.met() { hi > self.limit } else { lo <= self.limit })
     }
 }
 
@@ -50,14 +73,13 @@ pub fn target(r: &AppResult, n: usize) -> Option<Target> {
     if r.size != Size::Default {
         return None;
     }
-    let dsm = r.dsm.get(&n)?.secs;
-    match n {
-        1 => Some(Target { over: "seq", limit: ONE_NODE_LIMIT, ratio: ratio(dsm, r.seq.secs)? }),
-        2 => {
-            Some(Target { over: "threads", limit: r.app.target, ratio: ratio(dsm, r.threads.get(&n)?.secs)? })
-        }
-        _ => None,
-    }
+    let dsm = r.dsm.get(&n)?;
+    let (over, limit, base) = match n {
+        1 => ("seq", ONE_NODE_LIMIT, &r.seq),
+        2 => ("threads", r.app.target, r.threads.get(&n)?),
+        _ => return None,
+    };
+    Some(Target { over, limit, ratio: ratio(dsm.secs, base.secs)?, range: ratio_range(dsm, base) })
 }
 
 fn fmt_target(t: Option<Target>) -> String {
@@ -79,7 +101,7 @@ pub fn table(results: &[AppResult]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<9} {:>2} {:>8} {:>8} {:>8} {:>7} {:>9} {:>11} {:>9} {:>11} {:>9} {:>7} {:>8} {:>9} {:>9}",
+        "{:<9} {:>2} {:>8} {:>8} {:>8} {:>7} {:>9} {:>11} {:>11} {:>9} {:>11} {:>9} {:>7} {:>8} {:>9} {:>9}",
         "app",
         "n",
         "seq s",
@@ -87,6 +109,7 @@ pub fn table(results: &[AppResult]) -> String {
         "dsm s",
         "speedup",
         "dsm/thr",
+        "each rep",
         "target",
         "msgs",
         "bytes",
@@ -108,7 +131,7 @@ pub fn table(results: &[AppResult]) -> String {
             };
             let _ = writeln!(
                 s,
-                "{:<9} {:>2} {:>8} {:>8} {:>8} {:>7} {:>9} {:>11} {:>9} {:>11} {:>9} {:>7} {:>8} {:>9} {:>9}",
+                "{:<9} {:>2} {:>8} {:>8} {:>8} {:>7} {:>9} {:>11} {:>11} {:>9} {:>11} {:>9} {:>7} {:>8} {:>9} {:>9}",
                 r.app.name,
                 n,
                 secs(&r.seq),
@@ -116,6 +139,7 @@ pub fn table(results: &[AppResult]) -> String {
                 secs(dsm),
                 fmt_ratio(ratio(r.seq.secs, dsm.secs)),
                 fmt_ratio(ratio(dsm.secs, thr.secs)),
+                fmt_range(ratio_range(dsm, thr)),
                 fmt_target(target(r, n)),
                 num(msgs, 0),
                 num(stat(dsm, "bytes_sent"), 0),
@@ -180,6 +204,11 @@ pub fn summary(results: &[AppResult]) -> String {
             .filter(|(_, t)| !t.met())
             .map(|(app, t)| format!("{app} {:.2} (<= {:.2})", t.ratio, t.limit))
             .collect();
+        // Verdicts the repetitions disagree with: the machine's spread is as wide as the margin.
+        let split: Vec<String> = (targets.iter())
+            .filter(|(_, t)| t.split())
+            .map(|(app, t)| format!("{app} {}", fmt_range(t.range)))
+            .collect();
         let met = targets.len() - missed.len();
         let _ = write!(
             s,
@@ -189,6 +218,9 @@ pub fn summary(results: &[AppResult]) -> String {
         );
         if !missed.is_empty() {
             let _ = write!(s, "; missed: {}", missed.join(", "));
+        }
+        if !split.is_empty() {
+            let _ = write!(s, "; repetitions on both sides of the limit: {}", split.join(", "));
         }
         s.push('\n');
     }
@@ -223,10 +255,12 @@ fn json(results: &[AppResult]) -> serde_json::Value {
                         "dsm": cell(dsm),
                         "speedup": ratio(r.seq.secs, dsm.secs),
                         "dsm_over_threads": ratio(dsm.secs, thr.secs),
+                        "dsm_over_threads_range": ratio_range(dsm, thr).map(|(lo, hi)| [lo, hi]),
                         "target": target(r, *n).map(|t| serde_json::json!({
                             "dsm_over": t.over,
                             "limit": t.limit,
                             "ratio": t.ratio,
+                            "range": t.range.map(|(lo, hi)| [lo, hi]),
                             "met": t.met(),
                         })),
                         "msgs_per_iteration": iterations(r).map(|i| stat(dsm, "msgs_sent") / i as f64),
@@ -396,6 +430,40 @@ mod tests {
             summary(&results)
                 .ends_with("ran unpinned (another job held the CPUs; not comparable): sor n=2\n")
         );
+    }
+
+    /// A cell of repetitions `reps`, its time their median.
+    fn cell_of(reps: &[f64]) -> Cell {
+        let mut sorted = reps.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        Cell { secs: Some(sorted[reps.len() / 2]), reps: reps.to_vec(), ..Cell::default() }
+    }
+
+    #[test]
+    fn each_repetitions_ratio_is_paired_and_their_spread_shown() {
+        let mut r = result("sor", Size::Default, 1.0, &[(2, 0.5, 0.6)]);
+        r.threads.insert(2, cell_of(&[0.50, 0.40, 0.52]));
+        r.dsm.insert(2, cell_of(&[0.60, 0.58, 0.62]));
+        // Repetition by repetition 1.20, 1.45 and 1.19; the medians' 0.60 / 0.50 = 1.20 meets
+        // the target, one repetition does not.
+        let t = target(&r, 2).expect("a target");
+        let (lo, hi) = t.range.expect("a range");
+        assert!((lo - 0.62 / 0.52).abs() < 1e-9 && (hi - 0.58 / 0.40).abs() < 1e-9, "{lo} {hi}");
+        assert!(t.met() && t.split());
+        let results = [r];
+        assert!(table(&results).lines().any(|l| l.starts_with("sor") && l.contains(" 1.19-1.45 ")));
+        assert_eq!(
+            summary(&results),
+            "targets at 2 nodes, DSM/threads: 1 of 1 met; repetitions on both sides of the limit: sor \
+             1.19-1.45\n"
+        );
+        let j = json(&results);
+        assert_eq!(j["apps"][0]["runs"][0]["target"]["range"][1], 0.58 / 0.40);
+        // A failed repetition would pair the others wrongly: no range, and no split verdict.
+        let mut r = results.into_iter().next().expect("one");
+        r.dsm.get_mut(&2).expect("sor at 2").errors.push("node 1 died".into());
+        let t = target(&r, 2).expect("a target");
+        assert_eq!((t.range, t.split()), (None, false));
     }
 
     #[test]
