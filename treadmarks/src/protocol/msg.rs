@@ -57,6 +57,9 @@ pub struct UnaskedDiffs {
 pub struct PageCopy {
     pub page: PageIdx,
     pub bytes: serde_bytes::ByteBuf,
+    /// Per node, the newest of its diffs of the page that the copy holds: the receiver applies
+    /// only newer ones over it.
+    pub contains: Vec<DiffSeq>,
 }
 
 /// Why an allocation failed, as node 0's allocator reports it.

@@ -198,9 +198,13 @@ pub(crate) struct Miss {
     /// nothing per page.
     pub asked: SmallVec<[(NodeId, IntervalIdx, bool); 2]>,
     pub diffs: SmallVec<[(NodeId, DiffWire); 1]>,
-    /// The node asked for a whole copy (the page was dropped by a collection), and the copy.
-    pub base: Option<(NodeId, Option<Vec<u8>>)>,
+    /// The node asked for a whole copy (the page was dropped by a collection), and the copy
+    /// with the newest diff of each writer it holds ([`PageCopy::contains`]).
+    pub base: Option<(NodeId, Option<BaseCopy>)>,
 }
+
+/// A whole copy of a page as it came: its bytes, and the newest diff of each writer it holds.
+pub(crate) type BaseCopy = (Vec<u8>, Vec<DiffSeq>);
 
 impl<M: PageMemory> Node<M> {
     /// Makes a twin in the open interval and makes the page writable (slow path).
@@ -703,6 +707,14 @@ impl<M: PageMemory> Node<M> {
     /// page itself is the epoch's final state and is sent. Access is revoked while the bytes are
     /// read, then restored.
     ///
+    /// The copy names, per writer, the newest diff it holds: all of ours cut so far (the twin, or
+    /// the page without one, holds every write of ours up to the last cut), and of every other
+    /// writer the newest we applied. The requester applies only newer diffs over it. The copy may
+    /// hold writes the requester has no notice of yet (applied here since the collection), and
+    /// applying an older diff over one of them, a diff of ours this copy holds already, say,
+    /// would put back the bytes the older diff changed and leave the newer write's other bytes:
+    /// a racing reader then read a value nobody wrote (the racy-program simulation's seed 60,304).
+    ///
     /// The application may be running (a page request is served whenever it comes), so the page
     /// may have been twinned by the fault handler since this node last heard of its twins: the
     /// access it had is learned from the revocation itself ([`PageMemory::revoke`]), and a page
@@ -725,7 +737,14 @@ impl<M: PageMemory> Node<M> {
             self.mem.set_access(p, 1, access);
         }
         self.stats.pages_served += 1;
-        PageCopy { page: p, bytes }
+        let writers = &self.pages[p.idx()].writers;
+        let contains = (0..self.nprocs())
+            .map(|n| match n {
+                _ if n == self.me.idx() => self.diff_seq,
+                _ => writers.get(n).map_or(0, |w| w.applied_seq),
+            })
+            .collect();
+        PageCopy { page: p, bytes, contains }
     }
 
     pub(crate) fn handle_page_reply(
@@ -733,14 +752,22 @@ impl<M: PageMemory> Node<M> {
         from: NodeId,
         p: PageIdx,
         bytes: Vec<u8>,
+        contains: Vec<DiffSeq>,
     ) -> Result<(), ProtocolError> {
-        let page_size = self.mem.page_size();
+        let (page_size, nprocs) = (self.mem.page_size(), self.nprocs());
         let slot =
             self.misses.get_mut(&p).and_then(|m| m.base.as_mut()).filter(|(h, b)| *h == from && b.is_none());
         match slot {
-            Some(slot) if bytes.len() == page_size => slot.1 = Some(bytes),
+            Some(slot) if bytes.len() == page_size && contains.len() == nprocs => {
+                slot.1 = Some((bytes, contains));
+            }
             _ => {
-                let what = format!("page reply for {p} ({} bytes, pages are {page_size})", bytes.len());
+                let what = format!(
+                    "page reply for {p} ({} bytes, pages are {page_size}; diffs held of {} nodes, \
+                     the job has {nprocs})",
+                    bytes.len(),
+                    contains.len()
+                );
                 return Err(ProtocolError::Unexpected { from, what });
             }
         }
@@ -877,12 +904,18 @@ impl<M: PageMemory> Node<M> {
             return Ok(());
         }
         let mut miss = self.misses.remove(&p).expect("checked");
-        if let Some((_, Some(bytes))) = miss.base.take() {
+        let nprocs = self.nprocs();
+        if let Some((_, Some((bytes, contains)))) = miss.base.take() {
             self.mem.page_mut(p).copy_from_slice(&bytes);
             self.pages[p.idx()].base_from = None;
+            // The diffs the copy holds are applied already (`serve_page` says why they must not
+            // be applied again).
+            for (n, &seq) in contains.iter().enumerate().filter(|&(_, &seq)| seq > 0) {
+                let w = self.pages[p.idx()].writer(NodeId(n as u16), nprocs, &mut self.acct.writer_tables);
+                w.applied_seq = w.applied_seq.max(seq);
+            }
         }
         miss.diffs.sort_by_key(|(n, d)| (d.first_vt.sum(), *n, d.seq));
-        let nprocs = self.nprocs();
         for (n, d) in &miss.diffs {
             self.apply_diff(p, *n, d)?;
         }

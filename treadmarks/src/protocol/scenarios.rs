@@ -1776,3 +1776,65 @@ fn a_distribute_wait_from_a_node_past_a_barrier_node_0_still_leaves_is_no_error(
     net.settle();
     assert_eq!(net.done(1), Some(AppDone::Distributed(vec![5])));
 }
+
+/// Node `i` acquires lock `l`, messages delivered until it holds it.
+fn acquire(net: &mut Net, i: usize, l: u32) {
+    net.nodes[i].request_acquire(LockId(l)).unwrap();
+    net.settle();
+    assert_eq!(net.done(i), Some(AppDone::Acquired(LockId(l))));
+}
+
+/// Node `i` releases lock `l`.
+fn release(net: &mut Net, i: usize, l: u32) {
+    net.nodes[i].request_release(LockId(l)).unwrap();
+    net.settle();
+}
+
+#[test]
+fn a_copy_of_a_dropped_page_is_not_overlaid_with_an_older_diff_it_holds() {
+    // Nodes 1 and 2 drop their copies of page 0 at a collection (node 0 wrote it). Node 0 then
+    // writes byte 0 of a two-byte value under locks 0 and 1 (its diff holds that byte only), and
+    // node 1 takes lock 1: node 1 knows of that write. Node 2 takes lock 0 and writes both bytes,
+    // and node 0 takes lock 0 back, applying node 2's diff. Node 1 then reads the value, racing
+    // with node 2's write: either write's two bytes may come back. The copy node 0 serves holds
+    // node 2's bytes, and its own older diff, which node 1 asks for too: applied over the copy,
+    // that diff gave byte 0 from node 0's write and byte 1 from node 2's, a value nobody wrote.
+    let mut net = Net::new(3);
+    net.nodes.iter_mut().for_each(|n| n.cfg.gc_threshold = 0);
+    net.write(0, 0, 0, 0xA3);
+    net.barrier();
+    net.nodes.iter_mut().for_each(|n| n.cfg.gc_threshold = u64::MAX);
+    assert_eq!(net.nodes[1].page_meta(PageIdx(0)).base_from, Some(NodeId(0)), "node 1 dropped its copy");
+    acquire(&mut net, 0, 0);
+    acquire(&mut net, 0, 1);
+    net.write(0, 0, 0, 0xDD);
+    release(&mut net, 0, 1);
+    release(&mut net, 0, 0);
+    acquire(&mut net, 1, 1);
+    acquire(&mut net, 2, 0);
+    assert_eq!(net.read(2, 0, 0), 0xDD);
+    net.write(2, 0, 0, 0x0E);
+    net.write(2, 0, 1, 0x01);
+    release(&mut net, 2, 0);
+    acquire(&mut net, 0, 0);
+    assert_eq!(net.nodes[0].mem().app_read(PageIdx(0))[..2], [0x0E, 0x01], "node 0 has node 2's write");
+    let got = [net.read(1, 0, 0), net.read(1, 0, 1)];
+    assert!(got == [0xDD, 0x00] || got == [0x0E, 0x01], "node 1 read {got:x?}, half of each write");
+}
+
+#[test]
+fn a_page_copy_that_does_not_say_which_diffs_it_holds_of_every_node_is_refused() {
+    let mut net = Net::new(2);
+    net.nodes.iter_mut().for_each(|n| n.cfg.gc_threshold = 0);
+    net.write(0, 0, 0, 1);
+    net.barrier();
+    let p = PageIdx(0);
+    assert_eq!(net.nodes[1].page_meta(p).base_from, Some(NodeId(0)));
+    net.nodes[1].handle_fault(p, false).unwrap();
+    let copy = PageCopy { page: p, bytes: serde_bytes::ByteBuf::from(vec![0; PAGE]), contains: vec![0; 3] };
+    let err = net.nodes[1].handle_message(NodeId(0), Message::PageReply { pages: vec![copy] }).unwrap_err();
+    assert!(
+        err.to_string().contains("diffs held of 3 nodes, the job has 2"),
+        "the error names the lengths: {err}"
+    );
+}
