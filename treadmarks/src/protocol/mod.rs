@@ -48,7 +48,7 @@ pub use error::ProtocolError;
 pub use ids::{BarrierId, DiffSeq, IntervalIdx, LockId, NodeId, PageIdx};
 pub use interval::IntervalRecord;
 pub use memory::{Access, PageMemory, VecMemory};
-pub use msg::{AllocFailure, DiffAsk, Message, MsgKind, PageCopy, PageDiffs, UnaskedDiffs};
+pub use msg::{AllocFailure, DiffAsk, Held, Message, MsgKind, PageCopy, PageDiffs, UnaskedDiffs};
 pub use node::{AppDone, Limits, Node, NodeConfig};
 pub use shared_bytes::{ByteOwner, SharedBytes, decode_sharing};
 pub use stats::ProtocolStats;

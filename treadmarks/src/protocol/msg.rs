@@ -57,9 +57,19 @@ pub struct UnaskedDiffs {
 pub struct PageCopy {
     pub page: PageIdx,
     pub bytes: serde_bytes::ByteBuf,
-    /// Per node, the newest of its diffs of the page that the copy holds: the receiver applies
-    /// only newer ones over it.
-    pub contains: Vec<DiffSeq>,
+    /// Per node, what the copy holds of its writes to the page: the receiver applies only the
+    /// diffs it does not hold over it.
+    pub holds: Vec<Held>,
+}
+
+/// What a [`PageCopy`] holds of one node's writes to its page.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Held {
+    /// Every diff up to this one.
+    pub seq: DiffSeq,
+    /// Every diff whose first interval is at most this one: superseded by the holder's overwrite
+    /// of the whole page, which the copy holds or the requester will apply.
+    pub superseded: IntervalIdx,
 }
 
 /// Why an allocation failed, as node 0's allocator reports it.

@@ -412,9 +412,9 @@ impl<M: PageMemory> Node<M> {
                 Ok(())
             }
             Message::PageReply { pages } => {
-                for PageCopy { page, bytes, contains } in pages {
+                for PageCopy { page, bytes, holds } in pages {
                     self.check_page(from, page)?;
-                    self.handle_page_reply(from, page, bytes.into_vec(), contains)?;
+                    self.handle_page_reply(from, page, bytes.into_vec(), holds)?;
                 }
                 Ok(())
             }

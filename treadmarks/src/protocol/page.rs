@@ -35,8 +35,10 @@
 //!   them, from an older `applied_seq`), and a reader applying them before our whole diff (in
 //!   timestamp order) loses nothing;
 //! - our diff is the whole page, so no byte equal by chance to our stale twin is left out;
-//! - a twin handed out as a base copy after a collection lacks the superseded writes, but the
-//!   requester asks their writers for them itself, and then for our whole diff.
+//! - a copy of the page handed out after a collection (`Node::serve_page`) names
+//!   `superseded[n]` beside the diffs it holds, so the requester skips the superseded diffs too:
+//!   applied over a copy that holds our whole diff, they would put back bytes it replaced; over
+//!   one that does not yet, our whole diff, applied after them, covers every byte anyway.
 //!
 //! # Which intervals one diff covers, and why applying diffs in timestamp order is right
 //! A diff is made from the twin when somebody asks for it or when a write notice from another node
@@ -53,7 +55,7 @@ use super::ProtocolError;
 use super::diff::Diff;
 use super::ids::{DiffSeq, IntervalIdx, NodeId, PageIdx};
 use super::memory::{Access, PageMemory};
-use super::msg::{DiffAsk, DiffList, DiffWire, Message, PageCopy, PageDiffs, UnaskedDiffs};
+use super::msg::{DiffAsk, DiffList, DiffWire, Held, Message, PageCopy, PageDiffs, UnaskedDiffs};
 use super::node::{AppDone, Node, Pending};
 use super::stream::from_both_ends;
 use super::vtime::VectorTime;
@@ -199,12 +201,12 @@ pub(crate) struct Miss {
     pub asked: SmallVec<[(NodeId, IntervalIdx, bool); 2]>,
     pub diffs: SmallVec<[(NodeId, DiffWire); 1]>,
     /// The node asked for a whole copy (the page was dropped by a collection), and the copy
-    /// with the newest diff of each writer it holds ([`PageCopy::contains`]).
+    /// with what it holds of each writer's diffs ([`PageCopy::holds`]).
     pub base: Option<(NodeId, Option<BaseCopy>)>,
 }
 
-/// A whole copy of a page as it came: its bytes, and the newest diff of each writer it holds.
-pub(crate) type BaseCopy = (Vec<u8>, Vec<DiffSeq>);
+/// A whole copy of a page as it came: its bytes, and what it holds of each writer's diffs.
+pub(crate) type BaseCopy = (Vec<u8>, Vec<Held>);
 
 impl<M: PageMemory> Node<M> {
     /// Makes a twin in the open interval and makes the page writable (slow path).
@@ -707,13 +709,16 @@ impl<M: PageMemory> Node<M> {
     /// page itself is the epoch's final state and is sent. Access is revoked while the bytes are
     /// read, then restored.
     ///
-    /// The copy names, per writer, the newest diff it holds: all of ours cut so far (the twin, or
-    /// the page without one, holds every write of ours up to the last cut), and of every other
-    /// writer the newest we applied. The requester applies only newer diffs over it. The copy may
-    /// hold writes the requester has no notice of yet (applied here since the collection), and
-    /// applying an older diff over one of them, a diff of ours this copy holds already, say,
-    /// would put back the bytes the older diff changed and leave the newer write's other bytes:
-    /// a racing reader then read a value nobody wrote (the racy-program simulation's seed 60,304).
+    /// The copy names, per writer, the diffs it holds ([`Held`]): all of ours cut so far (the
+    /// twin, or the page without one, holds every write of ours up to the last cut), and of every
+    /// other writer those up to the newest we applied, and those our overwrite of the whole page
+    /// superseded (see "Overwritten pages" above). The requester applies only the others over it.
+    /// The copy may hold writes the requester has no notice of yet (applied here since the
+    /// collection), and applying an older diff over one of them, a diff of ours this copy holds
+    /// already, say, would put back the bytes the older diff changed and leave the newer write's
+    /// other bytes: a racing reader then read a value nobody wrote (the racy-program simulation's
+    /// seed 60,304). A superseded diff applied over a copy marked as holding our whole diff would
+    /// put back bytes our overwrite replaced (the data-race-free simulation's seed 171,461).
     ///
     /// The application may be running (a page request is served whenever it comes), so the page
     /// may have been twinned by the fault handler since this node last heard of its twins: the
@@ -738,13 +743,14 @@ impl<M: PageMemory> Node<M> {
         }
         self.stats.pages_served += 1;
         let writers = &self.pages[p.idx()].writers;
-        let contains = (0..self.nprocs())
-            .map(|n| match n {
-                _ if n == self.me.idx() => self.diff_seq,
-                _ => writers.get(n).map_or(0, |w| w.applied_seq),
+        let holds = (0..self.nprocs())
+            .map(|n| match writers.get(n) {
+                _ if n == self.me.idx() => Held { seq: self.diff_seq, superseded: 0 },
+                Some(w) => Held { seq: w.applied_seq, superseded: w.superseded },
+                None => Held::default(),
             })
             .collect();
-        PageCopy { page: p, bytes, contains }
+        PageCopy { page: p, bytes, holds }
     }
 
     pub(crate) fn handle_page_reply(
@@ -752,21 +758,21 @@ impl<M: PageMemory> Node<M> {
         from: NodeId,
         p: PageIdx,
         bytes: Vec<u8>,
-        contains: Vec<DiffSeq>,
+        holds: Vec<Held>,
     ) -> Result<(), ProtocolError> {
         let (page_size, nprocs) = (self.mem.page_size(), self.nprocs());
         let slot =
             self.misses.get_mut(&p).and_then(|m| m.base.as_mut()).filter(|(h, b)| *h == from && b.is_none());
         match slot {
-            Some(slot) if bytes.len() == page_size && contains.len() == nprocs => {
-                slot.1 = Some((bytes, contains));
+            Some(slot) if bytes.len() == page_size && holds.len() == nprocs => {
+                slot.1 = Some((bytes, holds));
             }
             _ => {
                 let what = format!(
                     "page reply for {p} ({} bytes, pages are {page_size}; diffs held of {} nodes, \
                      the job has {nprocs})",
                     bytes.len(),
-                    contains.len()
+                    holds.len()
                 );
                 return Err(ProtocolError::Unexpected { from, what });
             }
@@ -905,14 +911,15 @@ impl<M: PageMemory> Node<M> {
         }
         let mut miss = self.misses.remove(&p).expect("checked");
         let nprocs = self.nprocs();
-        if let Some((_, Some((bytes, contains)))) = miss.base.take() {
+        if let Some((_, Some((bytes, holds)))) = miss.base.take() {
             self.mem.page_mut(p).copy_from_slice(&bytes);
             self.pages[p.idx()].base_from = None;
             // The diffs the copy holds are applied already (`serve_page` says why they must not
             // be applied again).
-            for (n, &seq) in contains.iter().enumerate().filter(|&(_, &seq)| seq > 0) {
+            for (n, &held) in holds.iter().enumerate().filter(|&(_, &h)| h != Held::default()) {
                 let w = self.pages[p.idx()].writer(NodeId(n as u16), nprocs, &mut self.acct.writer_tables);
-                w.applied_seq = w.applied_seq.max(seq);
+                w.applied_seq = w.applied_seq.max(held.seq);
+                w.superseded = w.superseded.max(held.superseded);
             }
         }
         miss.diffs.sort_by_key(|(n, d)| (d.first_vt.sum(), *n, d.seq));

@@ -1831,10 +1831,40 @@ fn a_page_copy_that_does_not_say_which_diffs_it_holds_of_every_node_is_refused()
     let p = PageIdx(0);
     assert_eq!(net.nodes[1].page_meta(p).base_from, Some(NodeId(0)));
     net.nodes[1].handle_fault(p, false).unwrap();
-    let copy = PageCopy { page: p, bytes: serde_bytes::ByteBuf::from(vec![0; PAGE]), contains: vec![0; 3] };
+    let holds = vec![Held::default(); 3];
+    let copy = PageCopy { page: p, bytes: serde_bytes::ByteBuf::from(vec![0; PAGE]), holds };
     let err = net.nodes[1].handle_message(NodeId(0), Message::PageReply { pages: vec![copy] }).unwrap_err();
     assert!(
         err.to_string().contains("diffs held of 3 nodes, the job has 2"),
         "the error names the lengths: {err}"
     );
+}
+
+#[test]
+fn a_copy_of_a_dropped_page_overwritten_whole_since_is_not_overlaid_with_what_it_superseded() {
+    // Nodes 1 and 2 drop their copies of page 1 at a collection (node 0 wrote it). Node 1 writes
+    // it; node 0, stale, overwrites it whole without fetching node 1's diff (superseded). Node 2
+    // then reads it: the copy from node 0 holds the overwrite, and node 1's diff must not be
+    // applied over it (it was, once the copy was taken as holding node 0's diff but not as
+    // superseding node 1's).
+    let mut net = Net::new(3);
+    let p = PageIdx(1);
+    net.nodes.iter_mut().for_each(|n| n.cfg.gc_threshold = 0);
+    net.write(0, 1, 0, 1);
+    net.barrier();
+    net.nodes.iter_mut().for_each(|n| n.cfg.gc_threshold = u64::MAX);
+    assert_eq!(net.nodes[2].page_meta(p).base_from, Some(NodeId(0)), "node 2 dropped its copy");
+    assert_eq!(net.read(1, 1, 0), 1);
+    net.write(1, 1, 0, 177);
+    net.barrier();
+    assert_eq!(net.nodes[0].mem().access(p), Access::None, "node 0 is stale");
+    net.nodes[0].request_overwrite(&[p], &[p]).unwrap();
+    net.settle();
+    assert_eq!(net.done(0), Some(AppDone::Validated));
+    assert_eq!(net.nodes[0].stats().pages_overwritten, 1, "node 1's diff superseded, not fetched");
+    for b in 0..PAGE {
+        net.write(0, 1, b, 250);
+    }
+    net.barrier();
+    assert_eq!(net.read(2, 1, 0), 250, "node 1's older write came back over node 0's overwrite");
 }
