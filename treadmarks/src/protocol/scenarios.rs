@@ -118,6 +118,18 @@ impl Net {
         self.nodes[i].mem().app_read(p)[byte]
     }
 
+    /// Node 0 writes `page` and every node passes a barrier that collects: the others drop their
+    /// copies of the page, to fetch it whole from node 0 when they next touch it.
+    fn collect_after_node_0_writes(&mut self, page: u32) {
+        self.nodes.iter_mut().for_each(|n| n.cfg.gc_threshold = 0);
+        self.write(0, page, 0, 1);
+        self.barrier();
+        self.nodes.iter_mut().for_each(|n| n.cfg.gc_threshold = u64::MAX);
+        for i in 1..self.nodes.len() {
+            assert_eq!(self.nodes[i].page_meta(PageIdx(page)).base_from, Some(NodeId(0)), "node {i} kept it");
+        }
+    }
+
     /// Every node passes barrier 0, arriving from the last node to node 0 (the manager).
     fn barrier(&mut self) {
         for i in (0..self.nodes.len()).rev() {
@@ -1800,11 +1812,7 @@ fn a_copy_of_a_dropped_page_is_not_overlaid_with_an_older_diff_it_holds() {
     // node 2's bytes, and its own older diff, which node 1 asks for too: applied over the copy,
     // that diff gave byte 0 from node 0's write and byte 1 from node 2's, a value nobody wrote.
     let mut net = Net::new(3);
-    net.nodes.iter_mut().for_each(|n| n.cfg.gc_threshold = 0);
-    net.write(0, 0, 0, 0xA3);
-    net.barrier();
-    net.nodes.iter_mut().for_each(|n| n.cfg.gc_threshold = u64::MAX);
-    assert_eq!(net.nodes[1].page_meta(PageIdx(0)).base_from, Some(NodeId(0)), "node 1 dropped its copy");
+    net.collect_after_node_0_writes(0);
     acquire(&mut net, 0, 0);
     acquire(&mut net, 0, 1);
     net.write(0, 0, 0, 0xDD);
@@ -1825,11 +1833,8 @@ fn a_copy_of_a_dropped_page_is_not_overlaid_with_an_older_diff_it_holds() {
 #[test]
 fn a_page_copy_that_does_not_say_which_diffs_it_holds_of_every_node_is_refused() {
     let mut net = Net::new(2);
-    net.nodes.iter_mut().for_each(|n| n.cfg.gc_threshold = 0);
-    net.write(0, 0, 0, 1);
-    net.barrier();
+    net.collect_after_node_0_writes(0);
     let p = PageIdx(0);
-    assert_eq!(net.nodes[1].page_meta(p).base_from, Some(NodeId(0)));
     net.nodes[1].handle_fault(p, false).unwrap();
     let holds = vec![Held::default(); 3];
     let copy = PageCopy { page: p, bytes: serde_bytes::ByteBuf::from(vec![0; PAGE]), holds };
@@ -1849,11 +1854,7 @@ fn a_copy_of_a_dropped_page_overwritten_whole_since_is_not_overlaid_with_what_it
     // superseding node 1's).
     let mut net = Net::new(3);
     let p = PageIdx(1);
-    net.nodes.iter_mut().for_each(|n| n.cfg.gc_threshold = 0);
-    net.write(0, 1, 0, 1);
-    net.barrier();
-    net.nodes.iter_mut().for_each(|n| n.cfg.gc_threshold = u64::MAX);
-    assert_eq!(net.nodes[2].page_meta(p).base_from, Some(NodeId(0)), "node 2 dropped its copy");
+    net.collect_after_node_0_writes(1);
     assert_eq!(net.read(1, 1, 0), 1);
     net.write(1, 1, 0, 177);
     net.barrier();
