@@ -317,6 +317,13 @@ pub fn prefault<T: Copy>(v: &mut [T]) {
     }
 }
 
+/// `len` zeros (`T::default()`), their pages mapped ahead ([`prefault`]).
+pub fn zeroed<T: Copy + Default>(len: usize) -> Vec<T> {
+    let mut v = vec![T::default(); len];
+    prefault(&mut v);
+    v
+}
+
 /// The rows `[begin, end)` of `0..n` that worker `me` of `nprocs` works on (contiguous blocks,
 /// the first `n % nprocs` workers one row larger).
 pub fn block(n: usize, me: usize, nprocs: usize) -> (usize, usize) {

@@ -17,9 +17,7 @@ use std::ops::Range;
 use std::process::ExitCode;
 use std::sync::Barrier;
 use treadmarks::Shared;
-use treadmarks_examples::{
-    App, Args, Flag, Mode, Outcome, SharedMut, Timer, block, prefault, run_app, worst,
-};
+use treadmarks_examples::{App, Args, Flag, Mode, Outcome, SharedMut, Timer, block, run_app, worst, zeroed};
 
 /// Largest error accepted, relative to the largest value.
 const TOLERANCE: f64 = 1e-9;
@@ -200,9 +198,7 @@ fn max_error(got: &[C], want: &[C]) -> f64 {
 
 /// The input of `n` points and an array as long to transform it into, its pages mapped ahead.
 fn arrays(n: usize) -> [Vec<C>; 2] {
-    let mut out = vec![[0.0; 2]; n];
-    prefault(&mut out);
-    [input(0..n), out]
+    [input(0..n), zeroed(n)]
 }
 
 /// Checks a forward result against the sequential six-step run (exactly) and a plain radix-2

@@ -19,7 +19,7 @@
 use std::process::ExitCode;
 use std::sync::Barrier;
 use treadmarks::Shared;
-use treadmarks_examples::{App, Args, Flag, Mode, Outcome, SharedMut, Timer, block, keys, prefault};
+use treadmarks_examples::{App, Args, Flag, Mode, Outcome, SharedMut, Timer, block, keys, zeroed};
 
 /// Count rows are padded to whole 4 KiB pages (1024 `u32`s).
 const ROW_PAD: usize = 1024;
@@ -113,13 +113,6 @@ fn rank(s: &Size, keys: &mut [u32], counts: &mut [u32], ranks: &mut [u32]) {
         count(keys, counts);
         reduce_scan(&[&*counts], ranks);
     }
-}
-
-/// `len` zeros, their pages mapped ahead.
-fn zeroed(len: usize) -> Vec<u32> {
-    let mut v = vec![0; len];
-    prefault(&mut v);
-    v
 }
 
 fn expected(s: &Size) -> Vec<u32> {

@@ -9,7 +9,7 @@ use std::ops::Range;
 use std::process::ExitCode;
 use std::sync::Barrier;
 use treadmarks::Shared;
-use treadmarks_examples::{App, Flag, Mode, Outcome, SharedMut, Timer, block, prefault, run_app};
+use treadmarks_examples::{App, Flag, Mode, Outcome, SharedMut, Timer, block, run_app, zeroed};
 
 /// Rows `rows` of C (into `c`, which holds just those rows) from the same rows of A (`a`) and
 /// all of B, every matrix `n` x `n`, row-major.
@@ -33,23 +33,16 @@ fn initial(rows: Range<usize>, n: usize) -> (Vec<f64>, Vec<f64>) {
     (a, b)
 }
 
-/// C before the product: `n` x `n` zeros, its pages mapped ahead.
-fn zeroed(n: usize) -> Vec<f64> {
-    let mut c = vec![0.0; n * n];
-    prefault(&mut c);
-    c
-}
-
 fn sequential(n: usize) -> Vec<f64> {
     let (a, b) = initial(0..n, n);
-    let mut c = zeroed(n);
+    let mut c = zeroed(n * n);
     multiply(&mut c, &a, &b, 0..n, n);
     c
 }
 
 fn threads(n: usize, nthreads: usize) -> (f64, Vec<f64>) {
     let (a, b) = initial(0..n, n);
-    let mut c = zeroed(n);
+    let mut c = zeroed(n * n);
     let barrier = Barrier::new(nthreads);
     let t = Timer::start();
     {
@@ -111,7 +104,7 @@ fn main() -> ExitCode {
             let (secs, ok) = match app.mode {
                 Mode::Seq => {
                     let (a, b) = initial(0..n, n);
-                    let mut c = zeroed(n);
+                    let mut c = zeroed(n * n);
                     let t = Timer::start();
                     multiply(&mut c, &a, &b, 0..n, n);
                     (t.secs(), true)

@@ -20,8 +20,8 @@ use std::sync::Barrier;
 use treadmarks::Shared;
 use treadmarks_examples::mesh::Mesh;
 use treadmarks_examples::{
-    App, Args, Flag, Mode, Outcome, SharedMut, Timer, block, command_line, keys, prefault, print_result,
-    run_parsed, sized,
+    App, Args, Flag, Mode, Outcome, SharedMut, Timer, block, command_line, keys, print_result, run_parsed,
+    sized, zeroed,
 };
 
 /// Histogram rows are padded to 4 KiB (1024 `u32`s), so no two nodes write the same page.
@@ -120,8 +120,7 @@ fn expected(s: &Size) -> Vec<u32> {
 
 fn threads(s: &Size, n: usize) -> (f64, Vec<u32>) {
     let mut a = keys::uniform(s.keys, s.seed);
-    let mut b = vec![0; s.keys];
-    prefault(&mut b);
+    let mut b = zeroed(s.keys);
     let mut hist = vec![0; n * s.stride()];
     let barrier = Barrier::new(n);
     let t = Timer::start();
@@ -217,10 +216,9 @@ fn pieces(
         .filter(|&(_, lo, hi)| lo < hi)
 }
 
-/// An empty buffer for up to `len` keys, its memory mapped ahead ([`prefault`]).
+/// An empty buffer for up to `len` keys, its memory mapped ahead ([`zeroed`]).
 fn reserved(len: usize) -> Vec<u32> {
-    let mut v = vec![0; len];
-    prefault(&mut v);
+    let mut v = zeroed(len);
     v.clear();
     v
 }
@@ -233,9 +231,7 @@ fn message_passing(s: &Size, mesh: &mut Mesh, n: usize) -> std::io::Result<(f64,
     let (begin, end) = blocks[me];
     let mut src = vec![0; end - begin];
     keys::fill_uniform(&mut src, begin, s.seed);
-    let (mut dst, mut stage) = (vec![0; end - begin], vec![0; end - begin]);
-    prefault(&mut dst);
-    prefault(&mut stage);
+    let (mut dst, mut stage) = (zeroed(end - begin), zeroed(end - begin));
     // No rank sends or receives more keys than a block holds.
     let (mut outs, mut ins): (Vec<_>, Vec<_>) =
         (0..n).map(|_| (reserved(end - begin), reserved(end - begin))).unzip();
@@ -355,8 +351,7 @@ fn main() -> ExitCode {
         let (secs, ok) = match app.mode {
             Mode::Seq => {
                 let input = keys::uniform(s.keys, s.seed);
-                let mut b = vec![0; s.keys];
-                prefault(&mut b);
+                let b = zeroed(s.keys);
                 let t = Timer::start();
                 let out = sequential(&s, input, b);
                 let secs = t.secs();
