@@ -16,6 +16,7 @@
 
 pub mod keys;
 pub mod mesh;
+pub mod page_aligned;
 pub mod rng;
 pub mod shared_mut;
 
@@ -24,6 +25,11 @@ use std::time::Instant;
 use treadmarks::Tmk;
 
 pub use shared_mut::SharedMut;
+
+/// Large allocations start on a page, in every mode, like the DSM heap's arrays
+/// ([`page_aligned`]).
+#[global_allocator]
+static ALLOCATOR: page_aligned::PageAligned = page_aligned::PageAligned;
 
 /// How an app runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
