@@ -11,7 +11,7 @@
 //! noise. Comparisons are only fair on the same layout.
 //!
 //! Invariant: an allocation's alignment is a function of its size and requested alignment
-//! alone ([`layout`]), so `dealloc` and `realloc` hand the system allocator the very layout it
+//! alone (the private `layout`), so `dealloc` and `realloc` hand the system allocator the very layout it
 //! allocated with.
 
 use std::alloc::{GlobalAlloc, Layout, System};
