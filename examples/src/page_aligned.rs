@@ -11,8 +11,8 @@
 //! noise. Comparisons are only fair on the same layout.
 //!
 //! Invariant: an allocation's alignment is a function of its size and requested alignment
-//! alone (the private `layout`), so `dealloc` and `realloc` hand the system allocator the very layout it
-//! allocated with.
+//! alone (the private `layout`), so `dealloc` and `realloc` hand the system allocator the very
+//! layout it allocated with. Nothing here panics: an allocator must not.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 
@@ -30,9 +30,8 @@ pub struct PageAligned;
 /// The layout `layout` is really allocated with.
 fn layout(layout: Layout) -> Layout {
     if layout.size() >= LARGE && layout.align() < PAGE {
-        // A power of two, and the size was valid with a smaller alignment and is at least a
-        // page, so it cannot overflow when rounded up to one.
-        Layout::from_size_align(layout.size(), PAGE).expect("a page-aligned layout of a valid size")
+        // A size within a page of `isize::MAX` cannot be rounded up to a page: left as asked.
+        Layout::from_size_align(layout.size(), PAGE).unwrap_or(layout)
     } else {
         layout
     }
@@ -59,7 +58,9 @@ unsafe impl GlobalAlloc for PageAligned {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, l: Layout, new_size: usize) -> *mut u8 {
-        let new = Layout::from_size_align(new_size, l.align()).expect("the caller's new layout is valid");
+        let Ok(new) = Layout::from_size_align(new_size, l.align()) else {
+            return std::ptr::null_mut(); // not a valid size: a failed allocation
+        };
         let (old, new) = (layout(l), layout(new));
         if old.align() == new.align() {
             // SAFETY: `ptr` came from `System` with `old`; `new_size` is non-zero and valid for
@@ -92,6 +93,9 @@ mod tests {
         let small: Vec<u64> = vec![0; 10];
         assert_eq!(small.as_ptr() as usize % align_of::<u64>(), 0);
         assert_eq!(layout(Layout::new::<[u64; 10]>()), Layout::new::<[u64; 10]>());
+        // Too big to round up to a page: left as asked, not a panic.
+        let huge = Layout::from_size_align(isize::MAX as usize - 100, 8).unwrap();
+        assert_eq!(layout(huge), huge);
     }
 
     #[test]
