@@ -788,10 +788,14 @@ impl Sim {
 /// The seeds to run: `TMK_SIM_SEEDS=<n>` (the first `n`) or `TMK_SIM_SEEDS=<a>..<b>` (to hunt
 /// past the seeds run before), else the first `default`.
 fn seeds(default: u64) -> std::ops::Range<u64> {
-    let Ok(v) = std::env::var("TMK_SIM_SEEDS") else { return 0..default };
-    let parse = |s: &str| {
-        s.trim().parse::<u64>().unwrap_or_else(|_| panic!("TMK_SIM_SEEDS={v}: not <n> or <a>..<b>"))
-    };
+    seed_range("TMK_SIM_SEEDS", default)
+}
+
+/// The seeds environment variable `var` names (`<n>`: `0..n`; `<a>..<b>`), or `0..default`.
+fn seed_range(var: &str, default: u64) -> std::ops::Range<u64> {
+    let Ok(v) = std::env::var(var) else { return 0..default };
+    let parse =
+        |s: &str| s.trim().parse::<u64>().unwrap_or_else(|_| panic!("{var}={v}: not <n> or <a>..<b>"));
     match v.split_once("..") {
         Some((a, b)) => parse(a)..parse(b),
         None => 0..parse(&v),
@@ -878,10 +882,11 @@ fn lock_walks_with_bundled_grants_read_sequentially_consistent_values() {
 
 #[test]
 fn corrupted_messages_are_taken_or_refused_never_a_panic() {
-    // `TMK_SIM_FUZZ=<n>` runs more (the suite runs 3,000).
-    let seeds: u64 = std::env::var("TMK_SIM_FUZZ").ok().and_then(|s| s.parse().ok()).unwrap_or(3000);
+    // `TMK_SIM_FUZZ=<n>` runs more, `TMK_SIM_FUZZ=<a>..<b>` a range (the suite runs 3,000).
+    let range = seed_range("TMK_SIM_FUZZ", 3000);
+    let seeds = range.end.saturating_sub(range.start);
     let mut outcomes = std::collections::BTreeMap::new();
-    for seed in 0..seeds {
+    for seed in range {
         // Random programs and lock walks in turn, on every shape they run on.
         let shape = if seed % 2 == 0 { program_shape(seed) } else { walk_shape(seed) };
         let mut pick = Rng(seed ^ 0xf022);
