@@ -10,7 +10,8 @@
 //!   thread is blocked (in a fault on that page, or inside any call into the runtime that has not
 //!   returned: a synchronization call, a view's validation): a `Read` page of a running
 //!   application can become writable at any moment through the fault handler's fast path, which
-//!   also overwrites the twin. [`VecMemory`] can only check `access != ReadWrite`. While the
+//!   also overwrites the twin. [`VecMemory`] checks this where the simulation tells it whether
+//!   the application runs ([`VecMemory::set_app_running`]). While the
 //!   application thread is blocked so, even a `ReadWrite` page is read
 //!   ([`PageMemory::page_while_blocked`]): nothing runs that could write it.
 //! - [`PageMemory::page_mut`] writes them: only while the application has no access (`None`).
@@ -130,7 +131,9 @@ pub fn runs_of(pages: &[PageIdx]) -> impl Iterator<Item = (PageIdx, u32)> + '_ {
 }
 
 /// A [`PageMemory`] over plain vectors, for tests and the simulation. It checks the page-sharing
-/// rule on every call and panics if the core breaks it.
+/// rule on every call and panics if the core breaks it: with [`VecMemory::set_app_running`], the
+/// simulation says when the application thread runs (outside any call into the runtime), and
+/// then a `Read` page's bytes may not be read, and nothing `*_while_blocked` may be called.
 #[derive(Debug, Clone)]
 pub struct VecMemory {
     page_size: usize,
@@ -144,6 +147,8 @@ pub struct VecMemory {
     changes: Vec<u32>,
     /// Calls of [`PageMemory::set_access`] that took all access.
     invalidating_calls: u32,
+    /// Whether the application thread runs meanwhile (the simulation's view, not the core's).
+    app_running: bool,
 }
 
 impl VecMemory {
@@ -157,7 +162,29 @@ impl VecMemory {
             backed: vec![0; npages as usize],
             changes: vec![0; npages as usize],
             invalidating_calls: 0,
+            app_running: false,
         }
+    }
+
+    /// Whether the application thread runs during the calls that follow (set by the
+    /// simulation around the service thread's steps): while it does, any `Read` page may turn
+    /// writable under the fault handler's fast path, which also overwrites its twin.
+    pub fn set_app_running(&mut self, running: bool) {
+        self.app_running = running;
+    }
+
+    /// Panics if the application may be writing page `p` while the runtime reads its bytes.
+    fn check_readable(&self, p: PageIdx, what: &str) {
+        assert!(
+            !(self.app_running && self.access[p.idx()] == Access::Read),
+            "{what} of read-only {p} while the application runs (its fast path may write it)"
+        );
+    }
+
+    /// Panics if the application runs: a `*_while_blocked` call requires it to wait in the
+    /// runtime.
+    fn check_blocked(&self, p: PageIdx, what: &str) {
+        assert!(!self.app_running, "{what} of {p} while the application runs");
     }
 
     /// How many calls of [`PageMemory::set_access`] took all access from their run of pages.
@@ -228,6 +255,7 @@ impl PageMemory for VecMemory {
 
     fn page(&self, p: PageIdx) -> &[u8] {
         assert_ne!(self.access[p.idx()], Access::ReadWrite, "runtime read of writable {p}");
+        self.check_readable(p, "runtime read");
         &self.pages[p.idx()]
     }
 
@@ -242,6 +270,7 @@ impl PageMemory for VecMemory {
 
     fn make_twin(&mut self, p: PageIdx) {
         assert_ne!(self.access[p.idx()], Access::ReadWrite, "twin of writable {p}");
+        self.check_readable(p, "twin");
         let copy = self.pages[p.idx()].clone();
         self.twins[p.idx()] = Some(copy);
     }
@@ -252,16 +281,22 @@ impl PageMemory for VecMemory {
     }
 
     fn same_as_twin(&self, p: PageIdx) -> bool {
+        if self.access[p.idx()] == Access::ReadWrite {
+            self.check_blocked(p, "comparison with its twin");
+        }
+        self.check_readable(p, "comparison with its twin");
         self.twins[p.idx()].as_deref() == Some(&self.pages[p.idx()][..])
     }
 
     fn page_while_blocked(&self, p: PageIdx) -> &[u8] {
         assert_ne!(self.access[p.idx()], Access::None, "runtime read of invalid {p} as valid");
+        self.check_blocked(p, "runtime read while blocked");
         &self.pages[p.idx()]
     }
 
     fn renew_twin_while_blocked(&mut self, p: PageIdx) {
         assert_ne!(self.access[p.idx()], Access::None, "twin of invalid {p} renewed");
+        self.check_blocked(p, "twin renewed while blocked");
         let copy = self.pages[p.idx()].clone();
         self.twins[p.idx()] = Some(copy);
     }
@@ -279,6 +314,7 @@ impl PageMemory for VecMemory {
 
     fn page_mut_while_blocked(&mut self, p: PageIdx) -> &mut [u8] {
         assert_eq!(self.access[p.idx()], Access::Read, "runtime write of {p} in place");
+        self.check_blocked(p, "runtime write in place");
         &mut self.pages[p.idx()]
     }
 
@@ -287,5 +323,48 @@ impl PageMemory for VecMemory {
         self.backed[pages.clone()].iter_mut().for_each(|b| *b += 1);
         // As the heap maps them: the valid pages.
         self.access[pages].iter().filter(|&&a| a != Access::None).count() as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two pages: 0 read-only, 1 invalid; the application running.
+    fn running() -> VecMemory {
+        let mut m = VecMemory::new(2, 64, Access::Read);
+        m.set_access(PageIdx(1), 1, Access::None);
+        m.set_app_running(true);
+        m
+    }
+
+    #[test]
+    fn while_the_application_runs_invalid_pages_may_be_read_and_twinned() {
+        let mut m = running();
+        assert_eq!(m.page(PageIdx(1)).len(), 64);
+        m.make_twin(PageIdx(1));
+        assert!(m.same_as_twin(PageIdx(1)));
+        m.set_app_running(false);
+        assert_eq!(m.page(PageIdx(0)).len(), 64);
+        m.make_twin(PageIdx(0));
+        assert_eq!(m.page_mut_while_blocked(PageIdx(0)).len(), 64);
+    }
+
+    #[test]
+    #[should_panic(expected = "runtime read of read-only page 0 while the application runs")]
+    fn while_the_application_runs_a_read_only_page_is_not_read() {
+        let _ = running().page(PageIdx(0));
+    }
+
+    #[test]
+    #[should_panic(expected = "twin of read-only page 0 while the application runs")]
+    fn while_the_application_runs_a_read_only_page_is_not_twinned() {
+        running().make_twin(PageIdx(0));
+    }
+
+    #[test]
+    #[should_panic(expected = "runtime write in place of page 0 while the application runs")]
+    fn while_the_application_runs_nothing_waits_for_it() {
+        let _ = running().page_mut_while_blocked(PageIdx(0));
     }
 }

@@ -18,6 +18,11 @@
 //! application's synchronization with vector clocks of its own, and every read must return the
 //! last write that happened before it or a later, concurrent one, never an older one.
 //!
+//! While a node's service thread handles a message, its application may be running (it waits
+//! in no call into the runtime): the node's memory then refuses any read of a read-only page's
+//! bytes and any `*_while_blocked` call (`VecMemory::set_app_running`), since the fault
+//! handler's fast path could be writing the page, as the page-sharing rule (`memory.rs`) says.
+//!
 //! Some runs give every link a speed of its own, and stall links for a while (FIFO still), so
 //! forwards go stale and crossing grants happen often; after every lock step each lock's token
 //! must exist exactly once (at a node, or in one grant in flight) with at most one holder.
@@ -358,6 +363,15 @@ impl Sim {
         }
     }
 
+    /// Runs `f` on node `i` as its service thread would: its application runs meanwhile unless
+    /// it waits in the runtime or has exited, and its memory checks the page-sharing rule so.
+    fn service(&mut self, i: usize, f: impl FnOnce(&mut Node<VecMemory>) -> Result<(), ProtocolError>) {
+        let running = !self.nodes[i].blocked && !self.nodes[i].exited;
+        self.nodes[i].node.mem_mut().set_app_running(running);
+        self.core(i, f);
+        self.nodes[i].node.mem_mut().set_app_running(false);
+    }
+
     fn step_app(&mut self, i: usize) {
         let seed = self.seed;
         let op = self.nodes[i].prog[self.nodes[i].pc];
@@ -557,7 +571,7 @@ impl Sim {
             let deferred: Vec<usize> = (0..self.n).filter(|&i| self.nodes[i].node.has_deferred()).collect();
             if !deferred.is_empty() && ((runnable.is_empty() && busy.is_empty()) || self.rng.chance(30)) {
                 let i = deferred[self.rng.below(deferred.len() as u64) as usize];
-                self.core(i, |n| n.run_deferred());
+                self.service(i, |n| n.run_deferred());
                 continue;
             }
             if runnable.is_empty() && busy.is_empty() {
@@ -582,7 +596,7 @@ impl Sim {
                 }
                 let lock_msg =
                     matches!(msg.kind(), MsgKind::LockRequest | MsgKind::LockForward | MsgKind::LockGrant);
-                self.core(to, |n| n.handle_message(NodeId(from as u16), msg));
+                self.service(to, |n| n.handle_message(NodeId(from as u16), msg));
                 lock_msg
             };
             if lock_step {
@@ -611,7 +625,7 @@ impl Sim {
         while let Some(l) = (0..self.links.len()).find(|&l| !self.links[l].is_empty()) {
             let (from, to) = (l / self.n, l % self.n);
             let msg = self.links[l].pop_front().expect("non-empty");
-            self.core(to, |n| n.handle_message(NodeId(from as u16), msg));
+            self.service(to, |n| n.handle_message(NodeId(from as u16), msg));
         }
         assert!(self.nodes.iter().all(|sn| sn.exited), "seed {}: exit did not complete", self.seed);
     }
