@@ -149,6 +149,22 @@ pub struct VecMemory {
     invalidating_calls: u32,
     /// Whether the application thread runs meanwhile (the simulation's view, not the core's).
     app_running: bool,
+    /// A store the running application is about to make: (page, offset, bytes, whether it lands
+    /// before a revocation that follows the fault handler's fast path, or faults again).
+    fast_store: Option<FastStore>,
+    /// The page whose fast path [`VecMemory::arm_fast_store`]'s store took, once it did.
+    fast_twinned: Option<PageIdx>,
+}
+
+/// A store of the running application to a read-only page, which takes the fault handler's fast
+/// path just as the service thread revokes the page ([`VecMemory::arm_fast_store`]).
+#[derive(Debug, Clone)]
+pub struct FastStore {
+    pub page: PageIdx,
+    pub offset: usize,
+    pub bytes: Vec<u8>,
+    /// The store completes before the revocation; else it faults again on the revoked page.
+    pub lands: bool,
 }
 
 impl VecMemory {
@@ -163,7 +179,23 @@ impl VecMemory {
             changes: vec![0; npages as usize],
             invalidating_calls: 0,
             app_running: false,
+            fast_store: None,
+            fast_twinned: None,
         }
+    }
+
+    /// The running application stores `store.bytes` next: if the service thread revokes that
+    /// page while it is read-only, the fault handler's fast path twins it and makes it writable
+    /// first (and the store lands, or faults again). [`VecMemory::take_fast_twinned`] says
+    /// whether it did. The simulation's way to run the application in the middle of a step.
+    pub fn arm_fast_store(&mut self, store: FastStore) {
+        self.fast_store = Some(store);
+    }
+
+    /// Disarms the store and returns the page it twinned, if its fast path ran.
+    pub fn take_fast_twinned(&mut self) -> Option<PageIdx> {
+        self.fast_store = None;
+        self.fast_twinned.take()
     }
 
     /// Whether the application thread runs during the calls that follow (set by the
@@ -240,6 +272,18 @@ impl PageMemory for VecMemory {
     }
 
     fn revoke(&mut self, p: PageIdx) -> Access {
+        if self.app_running
+            && self.access[p.idx()] == Access::Read
+            && let Some(store) = self.fast_store.take_if(|s| s.page == p)
+        {
+            // The fault handler's fast path, just before the revocation takes effect.
+            self.twins[p.idx()] = Some(self.pages[p.idx()].clone());
+            self.access[p.idx()] = Access::ReadWrite;
+            if store.lands {
+                self.pages[p.idx()][store.offset..][..store.bytes.len()].copy_from_slice(&store.bytes);
+            }
+            self.fast_twinned = Some(p);
+        }
         let was = self.access(p);
         if was != Access::None {
             self.set_access(p, 1, Access::None);
