@@ -292,8 +292,9 @@ impl PageMemory for VecMemory {
     }
 
     fn freeze(&mut self, first: PageIdx, count: u32) {
-        // The simulated application never runs in the middle of a protocol step, so a frozen
-        // page may as well be invalid.
+        // The simulated application runs in the middle of a protocol step only at a revocation
+        // (`arm_fast_store`), never reading a frozen page, so a frozen page may as well be
+        // invalid.
         self.set_access(first, count, Access::None);
     }
 
