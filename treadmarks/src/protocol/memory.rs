@@ -14,6 +14,10 @@
 //!   the application runs ([`VecMemory::set_app_running`]). While the
 //!   application thread is blocked so, even a `ReadWrite` page is read
 //!   ([`PageMemory::page_while_blocked`]): nothing runs that could write it.
+//! - While the application runs, access is taken from a `Read` page only by
+//!   [`PageMemory::revoke`], which returns what the fast path made of it meanwhile:
+//!   [`PageMemory::set_access`] or [`PageMemory::freeze`] would not say that the page had become
+//!   writable and twinned, nor that a store went in. [`VecMemory`] checks this too.
 //! - [`PageMemory::page_mut`] writes them: only while the application has no access (`None`).
 //!   The application thread is then either inside a synchronization call or blocked in a fault on
 //!   that very page, so it cannot observe a half-applied diff.
@@ -263,6 +267,15 @@ impl PageMemory for VecMemory {
     }
 
     fn set_access(&mut self, first: PageIdx, count: u32, access: Access) {
+        if self.app_running && access == Access::None {
+            for q in (first.0..first.0 + count).map(PageIdx) {
+                assert_ne!(
+                    self.access[q.idx()],
+                    Access::Read,
+                    "access taken from read-only {q} while the application runs, not by a revocation"
+                );
+            }
+        }
         self.invalidating_calls += u32::from(access == Access::None);
         let pages = first.idx()..first.idx() + count as usize;
         for (a, c) in self.access[pages.clone()].iter_mut().zip(&mut self.changes[pages]) {
@@ -286,7 +299,11 @@ impl PageMemory for VecMemory {
         }
         let was = self.access(p);
         if was != Access::None {
-            self.set_access(p, 1, Access::None);
+            // As `set_access` would, but a revocation may meet a read-only page of a running
+            // application: it learns what the fast path did.
+            self.access[p.idx()] = Access::None;
+            self.changes[p.idx()] += 1;
+            self.invalidating_calls += 1;
         }
         was
     }
@@ -405,6 +422,16 @@ mod tests {
     #[should_panic(expected = "twin of read-only page 0 while the application runs")]
     fn while_the_application_runs_a_read_only_page_is_not_twinned() {
         running().make_twin(PageIdx(0));
+    }
+
+    #[test]
+    #[should_panic(expected = "access taken from read-only page 0 while the application runs")]
+    fn while_the_application_runs_a_read_only_page_is_only_revoked() {
+        let mut m = running();
+        assert_eq!(m.revoke(PageIdx(1)), Access::None);
+        m.set_access(PageIdx(1), 1, Access::Read);
+        assert_eq!(m.revoke(PageIdx(1)), Access::Read);
+        m.freeze(PageIdx(0), 1);
     }
 
     #[test]
