@@ -25,7 +25,10 @@
 //! And if the application's next operation stores to a read-only page, that store may run in
 //! the middle of the step: when the step revokes the page, the fast path twins it first, and the
 //! store lands or faults again (`Sim::service`). A `Node::serve_page` that trusts the access it
-//! read before the revocation, as one once did, fails at seeds 1,731 (racy) and 2,329.
+//! read before the revocation, as one once did, fails the oracles at seeds 1,653 (racy) and
+//! 3,483, and `VecMemory`'s checks at seeds 590 and 1,065. These choices draw on a generator of
+//! their own, so a seed in which no store runs mid-step interleaves as it did before (the
+//! regression seeds below among them).
 //!
 //! Some runs give every link a speed of its own, and stall links for a while (FIFO still), so
 //! forwards go stale and crossing grants happen often; after every lock step each lock's token
@@ -223,6 +226,9 @@ struct SimNode {
 
 struct Sim {
     rng: Rng,
+    /// The choices of stores in the middle of a step ([`Sim::service`]), apart from `rng`, so
+    /// that a seed's interleaving stays what it was before they existed wherever none runs.
+    mid_rng: Rng,
     nodes: Vec<SimNode>,
     links: Vec<VecDeque<Message>>,
     oracle: Vec<u32>,
@@ -298,6 +304,7 @@ impl Sim {
         };
         Sim {
             rng,
+            mid_rng: Rng(seed ^ 0x5707e),
             nodes,
             links: vec![VecDeque::new(); s.n * s.n],
             oracle: vec![0; s.words as usize],
@@ -385,9 +392,9 @@ impl Sim {
                 if running
                     && sn.node.mem().access(locate(w).0) == Access::Read
                     && self.hb.as_ref().is_none_or(|hb| hb.write_ok(i, w as usize))
-                    && self.rng.chance(50) =>
+                    && self.mid_rng.chance(50) =>
             {
-                Some((w, v, self.rng.chance(50)))
+                Some((w, v, self.mid_rng.chance(50)))
             }
             _ => None,
         };
