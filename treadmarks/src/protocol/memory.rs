@@ -25,7 +25,10 @@
 //!   [`PageMemory::snapshot`] of a `ReadWrite` page, whose copy then becomes the page's twin
 //!   ([`PageMemory::set_twin`]): every byte is read once, so each byte of the copy is a value
 //!   the byte held during the copy, and the next diff (page against that twin) holds every
-//!   byte written since it was read. No write is lost, and none is needed by whoever gets a diff
+//!   byte written since it was read. Each aligned 8-byte word is read in one load, so an
+//!   aligned store of up to a word is in the copy whole or not at all: a copy that tore such a
+//!   store would hand a racing reader a value nobody wrote (a variant of the simulation whose
+//!   stores in the middle of a copy tore at any byte failed so at racy seed 9). No write is lost, and none is needed by whoever gets a diff
 //!   cut from the copy: a data-race-free program writes those bytes concurrently only in an
 //!   interval the requester has not synchronized with.
 
@@ -112,7 +115,8 @@ pub trait PageMemory {
     /// [`PageMemory::page_while_blocked`].
     fn renew_twin_while_blocked(&mut self, p: PageIdx);
     /// Copies the bytes of `ReadWrite` page `p` into `out` (a page long) while the application
-    /// may be writing the page: every byte is read once (see the module docs).
+    /// may be writing the page: every byte is read once, each aligned 8-byte word in one load
+    /// (see the module docs).
     fn snapshot(&self, p: PageIdx, out: &mut [u8]);
     /// Replaces the twin of `ReadWrite` page `p` with `bytes` (a page long): a
     /// [`PageMemory::snapshot`] of the page, taken since the page was last made writable.
@@ -153,22 +157,37 @@ pub struct VecMemory {
     invalidating_calls: u32,
     /// Whether the application thread runs meanwhile (the simulation's view, not the core's).
     app_running: bool,
-    /// A store the running application is about to make: (page, offset, bytes, whether it lands
-    /// before a revocation that follows the fault handler's fast path, or faults again).
-    fast_store: Option<FastStore>,
-    /// The page whose fast path [`VecMemory::arm_fast_store`]'s store took, once it did.
-    fast_twinned: Option<PageIdx>,
+    /// A store the running application is about to make, which may run in the middle of the
+    /// service thread's step ([`VecMemory::arm_store`]).
+    store: Option<MidStore>,
+    /// How the armed store ran, once it did (a cell: [`PageMemory::snapshot`] reads only).
+    store_ran: std::cell::Cell<Option<StoreRan>>,
 }
 
-/// A store of the running application to a read-only page, which takes the fault handler's fast
-/// path just as the service thread revokes the page ([`VecMemory::arm_fast_store`]).
+/// A store of the running application ([`VecMemory::arm_store`]).
 #[derive(Debug, Clone)]
-pub struct FastStore {
+pub struct MidStore {
     pub page: PageIdx,
     pub offset: usize,
     pub bytes: Vec<u8>,
-    /// The store completes before the revocation; else it faults again on the revoked page.
+    /// On a read-only page: the store completes before the revocation; else it faults again on
+    /// the revoked page.
     pub lands: bool,
+    /// On a writable page: a snapshot taken while the store runs already sees it. Whole or not
+    /// at all: the heap reads each aligned word of a page in one load (`HeapPages::snapshot`),
+    /// and the simulation's stores are of aligned words.
+    pub seen: bool,
+}
+
+/// How an armed store ran in the middle of a step ([`VecMemory::take_store_ran`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreRan {
+    /// The page was read-only and about to be revoked: the fault handler's fast path twinned it
+    /// and made it writable first, and the store landed (`true`) or faults again.
+    FastPath(PageIdx, bool),
+    /// The page was writable and being copied ([`PageMemory::snapshot`]): the copy holds the
+    /// store or not, and the page holds it.
+    DuringSnapshot,
 }
 
 impl VecMemory {
@@ -183,23 +202,31 @@ impl VecMemory {
             changes: vec![0; npages as usize],
             invalidating_calls: 0,
             app_running: false,
-            fast_store: None,
-            fast_twinned: None,
+            store: None,
+            store_ran: std::cell::Cell::new(None),
         }
     }
 
-    /// The running application stores `store.bytes` next: if the service thread revokes that
-    /// page while it is read-only, the fault handler's fast path twins it and makes it writable
-    /// first (and the store lands, or faults again). [`VecMemory::take_fast_twinned`] says
-    /// whether it did. The simulation's way to run the application in the middle of a step.
-    pub fn arm_fast_store(&mut self, store: FastStore) {
-        self.fast_store = Some(store);
+    /// The running application stores `store.bytes` next, and may do so in the middle of the
+    /// service thread's step: on a read-only page, when the step revokes it, the fault handler's
+    /// fast path twins it and makes it writable first (the store lands, or faults again); on a
+    /// writable page, while the step copies it ([`PageMemory::snapshot`]), the copy reading
+    /// its word before the store or after it. [`VecMemory::take_store_ran`] says whether it ran.
+    /// The simulation's way to run the application beside the service thread.
+    pub fn arm_store(&mut self, store: MidStore) {
+        self.store = Some(store);
+        self.store_ran.set(None);
     }
 
-    /// Disarms the store and returns the page it twinned, if its fast path ran.
-    pub fn take_fast_twinned(&mut self) -> Option<PageIdx> {
-        self.fast_store = None;
-        self.fast_twinned.take()
+    /// Disarms the store and says how it ran, if it did; a store that ran during a snapshot is
+    /// in the page from here on.
+    pub fn take_store_ran(&mut self) -> Option<StoreRan> {
+        let store = self.store.take();
+        let ran = self.store_ran.take();
+        if let (Some(StoreRan::DuringSnapshot), Some(s)) = (ran, store) {
+            self.pages[s.page.idx()][s.offset..][..s.bytes.len()].copy_from_slice(&s.bytes);
+        }
+        ran
     }
 
     /// Whether the application thread runs during the calls that follow (set by the
@@ -287,7 +314,8 @@ impl PageMemory for VecMemory {
     fn revoke(&mut self, p: PageIdx) -> Access {
         if self.app_running
             && self.access[p.idx()] == Access::Read
-            && let Some(store) = self.fast_store.take_if(|s| s.page == p)
+            && self.store_ran.get().is_none()
+            && let Some(store) = self.store.as_ref().filter(|s| s.page == p)
         {
             // The fault handler's fast path, just before the revocation takes effect.
             self.twins[p.idx()] = Some(self.pages[p.idx()].clone());
@@ -295,7 +323,7 @@ impl PageMemory for VecMemory {
             if store.lands {
                 self.pages[p.idx()][store.offset..][..store.bytes.len()].copy_from_slice(&store.bytes);
             }
-            self.fast_twinned = Some(p);
+            self.store_ran.set(Some(StoreRan::FastPath(p, store.lands)));
         }
         let was = self.access(p);
         if was != Access::None {
@@ -310,7 +338,7 @@ impl PageMemory for VecMemory {
 
     fn freeze(&mut self, first: PageIdx, count: u32) {
         // The simulated application runs in the middle of a protocol step only at a revocation
-        // (`arm_fast_store`), never reading a frozen page, so a frozen page may as well be
+        // (`arm_store`), never reading a frozen page, so a frozen page may as well be
         // invalid.
         self.set_access(first, count, Access::None);
     }
@@ -366,6 +394,16 @@ impl PageMemory for VecMemory {
     fn snapshot(&self, p: PageIdx, out: &mut [u8]) {
         assert_eq!(self.access[p.idx()], Access::ReadWrite, "snapshot of {p}, not writable");
         out.copy_from_slice(&self.pages[p.idx()]);
+        if self.app_running
+            && self.store_ran.get().is_none()
+            && let Some(store) = self.store.as_ref().filter(|s| s.page == p)
+        {
+            // The store runs while the page is copied: the copy read its word before or after.
+            if store.seen {
+                out[store.offset..][..store.bytes.len()].copy_from_slice(&store.bytes);
+            }
+            self.store_ran.set(Some(StoreRan::DuringSnapshot));
+        }
     }
 
     fn set_twin(&mut self, p: PageIdx, bytes: &[u8]) {

@@ -47,7 +47,7 @@ pub use diff::Diff;
 pub use error::ProtocolError;
 pub use ids::{BarrierId, DiffSeq, IntervalIdx, LockId, NodeId, PageIdx};
 pub use interval::IntervalRecord;
-pub use memory::{Access, FastStore, PageMemory, VecMemory};
+pub use memory::{Access, MidStore, PageMemory, StoreRan, VecMemory};
 pub use msg::{AllocFailure, DiffAsk, Held, Message, MsgKind, PageCopy, PageDiffs, UnaskedDiffs};
 pub use node::{AppDone, Limits, Node, NodeConfig};
 pub use shared_bytes::{ByteOwner, SharedBytes, decode_sharing};
