@@ -462,6 +462,38 @@ mod tests {
         running().make_twin(PageIdx(0));
     }
 
+    fn store(page: u32, lands: bool, seen: bool) -> MidStore {
+        MidStore { page: PageIdx(page), offset: 8, bytes: vec![7; 4], lands, seen }
+    }
+
+    #[test]
+    fn a_store_armed_on_a_read_only_page_runs_at_its_revocation() {
+        let mut m = running();
+        m.arm_store(store(0, true, false));
+        assert_eq!(m.revoke(PageIdx(1)), Access::None, "another page: no store");
+        assert_eq!(m.revoke(PageIdx(0)), Access::ReadWrite, "the fast path made it writable first");
+        assert_eq!(m.take_store_ran(), Some(StoreRan::FastPath(PageIdx(0), true)));
+        assert_eq!(&m.pages[0][8..12], &[7; 4], "the store landed");
+        assert_eq!(m.twin(PageIdx(0)), &[0; 64][..], "the twin is the page before it");
+        assert_eq!(m.take_store_ran(), None, "disarmed");
+    }
+
+    #[test]
+    fn a_store_armed_on_a_writable_page_runs_during_its_copy() {
+        for seen in [false, true] {
+            let mut m = running();
+            m.set_app_running(false);
+            m.set_access(PageIdx(1), 1, Access::ReadWrite);
+            m.set_app_running(true);
+            m.arm_store(store(1, false, seen));
+            let mut copy = vec![0; 64];
+            m.snapshot(PageIdx(1), &mut copy);
+            assert_eq!(copy[8..12] == [7; 4], seen, "the copy read the word after the store or before");
+            assert_eq!(m.take_store_ran(), Some(StoreRan::DuringSnapshot));
+            assert_eq!(&m.app_read(PageIdx(1))[8..12], &[7; 4], "the page holds it either way");
+        }
+    }
+
     #[test]
     #[should_panic(expected = "access taken from read-only page 0 while the application runs")]
     fn while_the_application_runs_a_read_only_page_is_only_revoked() {
