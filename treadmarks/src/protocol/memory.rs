@@ -28,9 +28,10 @@
 //!   byte written since it was read. Each aligned 8-byte word is read in one load, so an
 //!   aligned store of up to a word is in the copy whole or not at all: a copy that tore such a
 //!   store would hand a racing reader a value nobody wrote (a variant of the simulation whose
-//!   stores in the middle of a copy tore at any byte failed so at racy seed 9). No write is lost, and none is needed by whoever gets a diff
-//!   cut from the copy: a data-race-free program writes those bytes concurrently only in an
-//!   interval the requester has not synchronized with.
+//!   stores in the middle of a copy tore at any byte failed so at racy seed 9). No write is
+//!   lost, and none is needed by whoever gets a diff cut from the copy: a data-race-free program
+//!   writes those bytes concurrently only in an interval the requester has not synchronized
+//!   with.
 
 use super::ids::PageIdx;
 
@@ -338,7 +339,7 @@ impl PageMemory for VecMemory {
 
     fn freeze(&mut self, first: PageIdx, count: u32) {
         // The simulated application runs in the middle of a protocol step only at a revocation
-        // (`arm_store`), never reading a frozen page, so a frozen page may as well be
+        // or a copy (`arm_store`), never reading a frozen page, so a frozen page may as well be
         // invalid.
         self.set_access(first, count, Access::None);
     }
