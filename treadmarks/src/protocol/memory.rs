@@ -180,6 +180,13 @@ pub struct MidStore {
     pub seen: bool,
 }
 
+impl MidStore {
+    /// Writes the store into `page` (its page's bytes, or a copy of them).
+    fn write_into(&self, page: &mut [u8]) {
+        page[self.offset..][..self.bytes.len()].copy_from_slice(&self.bytes);
+    }
+}
+
 /// How an armed store ran in the middle of a step ([`VecMemory::take_store_ran`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreRan {
@@ -225,7 +232,7 @@ impl VecMemory {
         let store = self.store.take();
         let ran = self.store_ran.take();
         if let (Some(StoreRan::DuringSnapshot), Some(s)) = (ran, store) {
-            self.pages[s.page.idx()][s.offset..][..s.bytes.len()].copy_from_slice(&s.bytes);
+            s.write_into(&mut self.pages[s.page.idx()]);
         }
         ran
     }
@@ -235,6 +242,23 @@ impl VecMemory {
     /// writable under the fault handler's fast path, which also overwrites its twin.
     pub fn set_app_running(&mut self, running: bool) {
         self.app_running = running;
+    }
+
+    /// The armed store, if it is to page `p` and may run now: the application runs and the store
+    /// has not run yet.
+    fn store_to(&self, p: PageIdx) -> Option<&MidStore> {
+        let may_run = self.app_running && self.store_ran.get().is_none();
+        self.store.as_ref().filter(|s| may_run && s.page == p)
+    }
+
+    /// Sets the protection of pages `first .. first + count`, counting the changes.
+    fn protect(&mut self, first: PageIdx, count: u32, access: Access) {
+        self.invalidating_calls += u32::from(access == Access::None);
+        let pages = first.idx()..first.idx() + count as usize;
+        for (a, c) in self.access[pages.clone()].iter_mut().zip(&mut self.changes[pages]) {
+            *c += u32::from(*a != access);
+            *a = access;
+        }
     }
 
     /// Panics if the application may be writing page `p` while the runtime reads its bytes.
@@ -304,35 +328,26 @@ impl PageMemory for VecMemory {
                 );
             }
         }
-        self.invalidating_calls += u32::from(access == Access::None);
-        let pages = first.idx()..first.idx() + count as usize;
-        for (a, c) in self.access[pages.clone()].iter_mut().zip(&mut self.changes[pages]) {
-            *c += u32::from(*a != access);
-            *a = access;
-        }
+        self.protect(first, count, access);
     }
 
     fn revoke(&mut self, p: PageIdx) -> Access {
-        if self.app_running
-            && self.access[p.idx()] == Access::Read
-            && self.store_ran.get().is_none()
-            && let Some(store) = self.store.as_ref().filter(|s| s.page == p)
+        if self.access[p.idx()] == Access::Read
+            && let Some(store) = self.store_to(p).cloned()
         {
             // The fault handler's fast path, just before the revocation takes effect.
             self.twins[p.idx()] = Some(self.pages[p.idx()].clone());
             self.access[p.idx()] = Access::ReadWrite;
             if store.lands {
-                self.pages[p.idx()][store.offset..][..store.bytes.len()].copy_from_slice(&store.bytes);
+                store.write_into(&mut self.pages[p.idx()]);
             }
             self.store_ran.set(Some(StoreRan::FastPath(p, store.lands)));
         }
         let was = self.access(p);
         if was != Access::None {
-            // As `set_access` would, but a revocation may meet a read-only page of a running
-            // application: it learns what the fast path did.
-            self.access[p.idx()] = Access::None;
-            self.changes[p.idx()] += 1;
-            self.invalidating_calls += 1;
+            // Unchecked: a revocation may meet a read-only page of a running application, and
+            // learns what the fast path did.
+            self.protect(p, 1, Access::None);
         }
         was
     }
@@ -395,13 +410,10 @@ impl PageMemory for VecMemory {
     fn snapshot(&self, p: PageIdx, out: &mut [u8]) {
         assert_eq!(self.access[p.idx()], Access::ReadWrite, "snapshot of {p}, not writable");
         out.copy_from_slice(&self.pages[p.idx()]);
-        if self.app_running
-            && self.store_ran.get().is_none()
-            && let Some(store) = self.store.as_ref().filter(|s| s.page == p)
-        {
+        if let Some(store) = self.store_to(p) {
             // The store runs while the page is copied: the copy read its word before or after.
             if store.seen {
-                out[store.offset..][..store.bytes.len()].copy_from_slice(&store.bytes);
+                store.write_into(out);
             }
             self.store_ran.set(Some(StoreRan::DuringSnapshot));
         }
