@@ -150,6 +150,15 @@ impl<M: PageMemory> Node<M> {
                 what: format!("arrival announcing a push to {bad}"),
             });
         }
+        // A node sends its own intervals, oldest first: checked now, so that a bad one is its
+        // sender's error, not the last arriver's when the episode completes.
+        if let Some(r) = intervals.iter().find(|r| r.node != from) {
+            return Err(ProtocolError::Unexpected {
+                from,
+                what: format!("arrival carrying an interval of {}", r.node),
+            });
+        }
+        self.check_records(from, &intervals)?;
         if let Some(exited) = self.exit_arrived.iter().position(|&e| e) {
             return Err(ProtocolError::ExitAtBarrier {
                 exited: NodeId(exited as u16),

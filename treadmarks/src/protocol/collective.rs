@@ -169,6 +169,16 @@ impl<M: PageMemory> Node<M> {
                 let result = alloc.free(offset);
                 self.outbox.push_back((from, Message::FreeReply { result }));
             }
+            // Replies to the allocator's clients, and the exit's release, come from node 0
+            // alone: one from anybody else would complete the call with made-up values.
+            Message::AllocReply { .. } | Message::FreeReply { .. } | Message::ExitRelease if from != ROOT => {
+                let what = match msg {
+                    Message::AllocReply { .. } => "alloc reply",
+                    Message::FreeReply { .. } => "free reply",
+                    _ => "exit release",
+                };
+                return Err(unexpected(&format!("{what} (only node 0 sends one)")));
+            }
             Message::AllocReply { result } => {
                 self.complete(|p| matches!(p, Pending::Alloc), AppDone::Allocated(result))
                     .ok_or_else(|| unexpected("alloc reply"))?;
@@ -212,7 +222,7 @@ impl<M: PageMemory> Node<M> {
                         self.outbox.push_back((NodeId(n), Message::ExitRelease));
                     }
                     self.complete(|p| matches!(p, Pending::Exit), AppDone::Exited)
-                        .expect("node 0 arrived, so it waits for exit");
+                        .ok_or_else(|| unexpected("exit arrival (node 0 is not in exit)"))?;
                 }
             }
             Message::DistributeWait { seq } => {

@@ -599,25 +599,13 @@ impl<M: PageMemory> Node<M> {
         Ok(any)
     }
 
-    /// The first half of [`Node::incorporate`]: checks `recs`, closes our open interval if any
-    /// is new (before our timestamp takes in theirs), and logs the new ones, merging their
-    /// timestamps into ours. Returns the `(node, index)` of each new record, whose write notices
-    /// [`Node::apply_notices`] must apply before the application touches the heap again. Between
-    /// the two, the log and timestamp are ahead of the pages' notices, which is safe: cutting a
-    /// twin reads only our own timestamp entry and records, and serving a diff only our own diffs.
-    pub(crate) fn log_records(
-        &mut self,
-        from: NodeId,
-        mut recs: Vec<IntervalRecord>,
-    ) -> Result<Vec<(NodeId, IntervalIdx)>, ProtocolError> {
-        let n = self.nprocs();
-        let npages = self.mem.npages();
-        recs.retain(|r| r.node != self.me);
-        recs.sort_by_key(|r| (r.node, r.index));
-        recs.dedup_by_key(|r| (r.node, r.index));
-        // Validate everything before changing anything.
+    /// Checks interval records `from` sent, sorted by node and index, against what we know:
+    /// each names a node of the job, has a timestamp of one entry per node and pages of the heap,
+    /// and each node's records follow on from the newest interval of it we know of, without a gap.
+    pub(crate) fn check_records(&self, from: NodeId, recs: &[IntervalRecord]) -> Result<(), ProtocolError> {
+        let (n, npages) = (self.nprocs(), self.mem.npages());
         let mut known: Vec<IntervalIdx> = (0..n).map(|i| self.log.known(NodeId(i as u16))).collect();
-        for r in &recs {
+        for r in recs {
             if r.node.idx() >= n || r.vt.len() != n {
                 return Err(ProtocolError::Unexpected {
                     from,
@@ -633,6 +621,25 @@ impl<M: PageMemory> Node<M> {
             }
             *k = (*k).max(r.index);
         }
+        Ok(())
+    }
+
+    /// The first half of [`Node::incorporate`]: checks `recs`, closes our open interval if any
+    /// is new (before our timestamp takes in theirs), and logs the new ones, merging their
+    /// timestamps into ours. Returns the `(node, index)` of each new record, whose write notices
+    /// [`Node::apply_notices`] must apply before the application touches the heap again. Between
+    /// the two, the log and timestamp are ahead of the pages' notices, which is safe: cutting a
+    /// twin reads only our own timestamp entry and records, and serving a diff only our own diffs.
+    pub(crate) fn log_records(
+        &mut self,
+        from: NodeId,
+        mut recs: Vec<IntervalRecord>,
+    ) -> Result<Vec<(NodeId, IntervalIdx)>, ProtocolError> {
+        recs.retain(|r| r.node != self.me);
+        recs.sort_by_key(|r| (r.node, r.index));
+        recs.dedup_by_key(|r| (r.node, r.index));
+        // Validate everything before changing anything.
+        self.check_records(from, &recs)?;
         recs.retain(|r| r.index > self.log.known(r.node));
         if recs.is_empty() {
             return Ok(Vec::new());

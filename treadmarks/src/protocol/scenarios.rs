@@ -1484,6 +1484,63 @@ fn a_release_or_arrival_naming_a_bad_pusher_is_an_error() {
     assert!(e.contains("push to node 9") || e.contains("push to 9"), "{e}");
 }
 
+/// An arrival's interval records are checked when it arrives, and a bad one is its sender's
+/// error: checked only when the last node arrived, it was blamed on the manager, and the
+/// episode's other arrivals were lost with it.
+#[test]
+fn an_arrival_with_a_bad_interval_record_is_its_senders_error() {
+    let record = |node: u16, index, entries, page| IntervalRecord {
+        node: NodeId(node),
+        index,
+        vt: VectorTime::zero(entries),
+        pages: vec![PageIdx(page)],
+        locks: vec![],
+    };
+    let arrive = |rec| Message::BarrierArrive {
+        barrier: BarrierId(0),
+        vt: VectorTime::zero(3),
+        intervals: vec![rec],
+        gc: false,
+        pushes: vec![],
+    };
+    let cases = [
+        (record(1, 1, 2, 0), "unexpected interval record of node 1 with 2 vt entries from node 1"),
+        (record(1, 1, 3, 1_000_000), "node 1 named page 1000000, but the heap has 4 pages"),
+        (record(1, 5, 3, 0), "node 1 sent interval 5 of node 1 while we know only up to 0"),
+        (record(2, 1, 3, 0), "unexpected arrival carrying an interval of node 2 from node 1"),
+    ];
+    for (rec, named) in cases {
+        let mut net = Net::new(3);
+        let e = net.nodes[0].handle_message(NodeId(1), arrive(rec)).unwrap_err().to_string();
+        assert!(e.contains(named), "{e}");
+    }
+    // A good record passes, and the barrier completes with the others' arrivals.
+    let mut net = Net::new(3);
+    net.nodes[0].handle_message(NodeId(1), arrive(record(1, 1, 3, 0))).unwrap();
+}
+
+/// Allocation and free replies and the exit's release come from node 0 alone: from another node
+/// they are errors naming it, not completions of the caller's request with made-up values (a
+/// stray release let node 0 leave its exit early, and the last arrival then panicked).
+#[test]
+fn replies_only_node_0_sends_are_errors_from_anybody_else() {
+    let mut net = Net::new(3);
+    net.nodes[1].request_exit().unwrap();
+    let e = net.nodes[1].handle_message(NodeId(2), Message::ExitRelease).unwrap_err().to_string();
+    assert!(e.contains("unexpected exit release (only node 0 sends one) from node 2"), "{e}");
+    net.nodes[0].request_exit().unwrap();
+    let e = net.nodes[0].handle_message(NodeId(1), Message::ExitRelease).unwrap_err().to_string();
+    assert!(e.contains("exit release (only node 0 sends one) from node 1"), "{e}");
+    let mut net = Net::new(3);
+    net.nodes[1].request_alloc(64, 8).unwrap();
+    for reply in [Message::AllocReply { result: Ok(0) }, Message::FreeReply { result: Ok(()) }] {
+        let e = net.nodes[1].handle_message(NodeId(2), reply).unwrap_err().to_string();
+        assert!(e.contains("reply (only node 0 sends one) from node 2"), "{e}");
+    }
+    net.settle();
+    assert!(matches!(net.done(1), Some(AppDone::Allocated(Ok(_)))));
+}
+
 /// Node 1 writes byte 0 of each of `npages` pages (page `p` gets `p + 1`), the nodes pass a
 /// barrier, and node 0 (which now holds notices for all of them) streams views of 2+ pages.
 fn streaming_setup(npages: u32) -> Net {

@@ -299,7 +299,11 @@ impl Service {
                     CloseCause::Error(e) => format!("connection failed: {e}"),
                     CloseCause::Malformed(e) => format!("sent a malformed frame: {e}"),
                 };
-                self.fail(format!("{from} {why}"));
+                // The reading side may see only the stream's end where writing met the cause.
+                match self.links.write_error(from) {
+                    Some(e) => self.fail(format!("{from} {why} (writing to it had failed: {e})")),
+                    None => self.fail(format!("{from} {why}")),
+                }
             }
         }
     }

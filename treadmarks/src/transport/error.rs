@@ -199,12 +199,14 @@ pub enum TransportError {
     },
 
     /// A send on a link that is closed (goodbye queued, or its writer stopped after an error).
-    #[error("cannot send a frame of {len} bytes to {to}: the link is closed")]
+    #[error("cannot send a frame of {len} bytes to {to}: the link is closed ({why})")]
     LinkClosed {
         /// The destination.
         to: NodeId,
         /// Size of the frame that was not sent.
         len: usize,
+        /// Why: the write error that stopped it, or the goodbye sent on it.
+        why: String,
     },
 }
 

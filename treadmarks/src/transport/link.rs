@@ -31,7 +31,9 @@
 //!   [`LinkEvent::Closed`] for that peer (unless the event receiver is gone); a header above
 //!   [`MAX_FRAME`](super::codec::MAX_FRAME) or a stream cut inside a frame is
 //!   [`CloseCause::Malformed`], never a panic (a payload buffer is allocated at the announced
-//!   size, so a peer can make us allocate at most 64 MiB per link at a time);
+//!   size, so one frame costs at most 64 MiB; frames read wait in the event queue, unbounded,
+//!   until the service thread takes them: what bounds them is the protocol, in which an honest
+//!   peer sends replies to requests, grants to acquires and a barrier's pushes);
 //! - counters count data frames and their bytes (header included); the goodbye frame is not
 //!   counted.
 //!
@@ -47,8 +49,8 @@
 //! as a bulk transfer keeps in flight, so that their first use faults no page in either.
 
 use std::io;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, BufReader};
@@ -256,6 +258,8 @@ struct Link {
     half: Arc<OwnedWriteHalf>,
     /// Items queued for the writer and not yet written (the one being written included).
     unwritten: Arc<AtomicUsize>,
+    /// Why the writer stopped, if a write failed: the cause a closed link is reported with.
+    write_error: Arc<OnceLock<String>>,
 }
 
 /// The links of one node to all others.
@@ -314,13 +318,17 @@ impl Links {
             let (queue, outgoing) = mpsc::unbounded_channel();
             let half = Arc::new(write_half);
             let unwritten = Arc::new(AtomicUsize::new(0));
+            let write_error = Arc::new(OnceLock::new());
             let writer = tokio::spawn(write_loop(
                 Arc::clone(&half),
                 outgoing,
-                Arc::clone(&unwritten),
-                peer,
-                Arc::clone(&counters),
-                Arc::clone(&pool),
+                Writer {
+                    unwritten: Arc::clone(&unwritten),
+                    error: Arc::clone(&write_error),
+                    to: peer,
+                    counters: Arc::clone(&counters),
+                    pool: Arc::clone(&pool),
+                },
             ));
             tokio::spawn(read_loop(
                 read_half,
@@ -329,7 +337,14 @@ impl Links {
                 Arc::clone(&counters),
                 Arc::clone(&pool),
             ));
-            links.push(Some(Link { queue, said_goodbye: AtomicBool::new(false), writer, half, unwritten }));
+            links.push(Some(Link {
+                queue,
+                said_goodbye: AtomicBool::new(false),
+                writer,
+                half,
+                unwritten,
+                write_error,
+            }));
         }
         Ok(Links { rank, nprocs, links, counters, pool })
     }
@@ -441,9 +456,25 @@ impl Links {
         );
         let link = self.link(to)?;
         if link.said_goodbye.load(Ordering::Acquire) || link.writer.is_finished() {
-            return Err(TransportError::LinkClosed { to, len });
+            return Err(Self::closed(link, to, len));
         }
         Ok(link)
+    }
+
+    /// The error of a send of `len` bytes on `link`, closed: why, if a write failed.
+    fn closed(link: &Link, to: NodeId, len: usize) -> TransportError {
+        let why = match link.write_error.get() {
+            Some(e) => format!("writing to it failed: {e}"),
+            None if link.said_goodbye.load(Ordering::Acquire) => "a goodbye was sent on it".to_owned(),
+            None => "its writer stopped".to_owned(),
+        };
+        TransportError::LinkClosed { to, len, why }
+    }
+
+    /// Why writing to `peer` failed, if it did (the link then sends nothing more): the cause
+    /// behind a peer's connection found closed, which the reading side may see only as its end.
+    pub fn write_error(&self, peer: NodeId) -> Option<&str> {
+        self.links.get(peer.idx())?.as_ref()?.write_error.get().map(String::as_str)
     }
 
     /// Hands `item` (of a frame of `len` bytes) to `link`'s writer.
@@ -451,7 +482,7 @@ impl Links {
         link.unwritten.fetch_add(1, Ordering::AcqRel);
         link.queue.send(item).map_err(|_| {
             link.unwritten.fetch_sub(1, Ordering::AcqRel);
-            TransportError::LinkClosed { to, len }
+            Self::closed(link, to, len)
         })
     }
 
@@ -506,17 +537,22 @@ impl Links {
     }
 }
 
-/// Writes queued frames to one peer, coalescing what is queued into one write, until the queue
-/// closes or a goodbye is written; then drops its reference to the write half (the last one
-/// shuts it down). `unwritten` counts the items queued and not yet written.
-async fn write_loop(
-    half: Arc<OwnedWriteHalf>,
-    mut queue: UnboundedReceiver<Outgoing>,
+/// What a writer task shares with its [`Link`].
+struct Writer {
+    /// Items queued and not yet written.
     unwritten: Arc<AtomicUsize>,
+    /// Set to the error of a failed write.
+    error: Arc<OnceLock<String>>,
     to: NodeId,
     counters: Arc<[Counters]>,
     pool: Arc<BufferPool>,
-) {
+}
+
+/// Writes queued frames to one peer, coalescing what is queued into one write, until the queue
+/// closes, a goodbye is written or a write fails (its error kept for the link's errors); then
+/// drops its reference to the write half (the last one shuts it down).
+async fn write_loop(half: Arc<OwnedWriteHalf>, mut queue: UnboundedReceiver<Outgoing>, w: Writer) {
+    let Writer { unwritten, error, to, counters, pool } = w;
     let counters = &counters[to.idx()];
     let mut batch: Vec<u8> = Vec::new();
     while let Some(first) = queue.recv().await {
@@ -577,6 +613,7 @@ async fn write_loop(
         let bytes: &[u8] = held.as_deref().unwrap_or(&batch);
         if let Err(err) = write_all(&half, bytes).await {
             tracing::debug!(%to, %err, "write failed; the link stops sending");
+            let _ = error.set(err.to_string());
             return;
         }
         unwritten.fetch_sub(items, Ordering::AcqRel);
@@ -813,6 +850,7 @@ mod tests {
             links.goodbye();
             let err = links.send(NodeId(1), frame_of(&1u8)).unwrap_err();
             assert!(matches!(err, TransportError::LinkClosed { to: NodeId(1), .. }), "{err}");
+            assert!(err.to_string().ends_with("the link is closed (a goodbye was sent on it)"), "{err}");
             match next_event(&mut rx).await {
                 LinkEvent::Closed { from, cause } => {
                     assert_eq!(from, NodeId(1));
@@ -1041,6 +1079,31 @@ mod tests {
                 let err = links.send(to, frame_of(&1u8)).unwrap_err();
                 assert!(matches!(err, TransportError::NoSuchLink { .. }), "{err}");
             }
+        });
+    }
+
+    /// A write that fails stops the link, and its error is the cause a later send reports.
+    #[test]
+    fn a_failed_write_is_the_cause_of_the_closed_link() {
+        let (zero, mut one) = two_meshes();
+        drop(one.peers[0].take());
+        on_runtime(async move {
+            let (tx, _rx) = mpsc::unbounded_channel();
+            let links = Links::start(zero, tx).unwrap();
+            let deadline = tokio::time::Instant::now() + WAIT;
+            let err = loop {
+                match links.send(NodeId(1), frame_of(&ByteBuf::from(vec![7u8; 64 << 10]))) {
+                    Ok(()) => {
+                        assert!(tokio::time::Instant::now() < deadline, "sends to a closed peer never failed")
+                    }
+                    Err(e) => break e,
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            };
+            let TransportError::LinkClosed { to: NodeId(1), why, .. } = &err else { panic!("{err}") };
+            assert!(why.starts_with("writing to it failed: "), "{err}");
+            assert_eq!(links.write_error(NodeId(1)), why.strip_prefix("writing to it failed: "));
+            assert_eq!(links.write_error(NodeId(0)), None);
         });
     }
 
