@@ -149,8 +149,12 @@ unsafe fn handle_in_context(
     // SAFETY: `info` is the kernel's siginfo for a SIGSEGV/SIGBUS, which carries `si_addr`.
     let (addr, code) = unsafe { ((*info).si_addr() as usize, (*info).si_code) };
     let heap = &*ctx.heap;
+    // Ours: a fault the kernel raised (a signal a process sent has a code of 0 or less) on the
+    // heap; a SIGBUS only for an address it could not back (userfaultfd's SIGBUS mode, a full
+    // tmpfs), not a hardware memory error (`BUS_MCEERR_*`), which every retry would meet again.
+    let ours = code > 0 && (sig != libc::SIGBUS || code == libc::BUS_ADRERR);
     let page = match heap.page_of(addr) {
-        Some(p) if code > 0 => p,
+        Some(p) if ours => p,
         _ => {
             return Outcome::Chain(if sig == libc::SIGBUS { ctx.prev_bus } else { ctx.prev_segv });
         }

@@ -123,8 +123,10 @@ pub(super) fn restore(sig: libc::c_int, prev: &libc::sigaction) {
 /// Passes a signal that is not ours to the handler that was installed before us.
 ///
 /// A `SA_SIGINFO` handler gets the same three arguments; a plain handler gets the signal number;
-/// `SIG_DFL` and `SIG_IGN` make us reset the signal to its default action and return, so the
-/// faulting access runs again and the process dies the way it would have without us.
+/// `SIG_DFL` makes us reset the signal to its default action and return, so the faulting access
+/// runs again and the process dies the way it would have without us (a signal a process sent
+/// is raised again). `SIG_IGN` ignores a signal a process sent, as the kernel would have; a fault
+/// cannot be ignored (the kernel kills the process for it), so it is handled as `SIG_DFL`.
 ///
 /// # Safety
 /// Must be called from a handler for `sig`, with the `info` and `uctx` the kernel gave it, and
@@ -137,6 +139,11 @@ pub(super) unsafe fn chain(
     uctx: *mut libc::c_void,
 ) {
     let handler = prev.sa_sigaction;
+    // SAFETY: `info` is the kernel's siginfo for this delivery.
+    let sent = unsafe { (*info).si_code } <= 0;
+    if handler == libc::SIG_IGN && sent {
+        return;
+    }
     if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
         // SAFETY: as in `query`.
         let mut dfl: libc::sigaction = unsafe { std::mem::zeroed() };
@@ -144,8 +151,7 @@ pub(super) unsafe fn chain(
         // SAFETY: installing SIG_DFL is always valid; `sigaction` is async-signal-safe.
         unsafe { libc::sigaction(sig, &dfl, std::ptr::null_mut()) };
         // A signal sent by a process (not a fault) does not recur when we return: resend it.
-        // SAFETY: `info` is the kernel's siginfo for this delivery.
-        if unsafe { (*info).si_code } <= 0 {
+        if sent {
             // SAFETY: `raise` is async-signal-safe; the signal stays blocked until we return.
             unsafe { libc::raise(sig) };
         }

@@ -168,7 +168,10 @@ impl BorrowTracker {
         // for `T`; `T: Pod` makes any bytes a valid `T`; the runtime changes these bytes only while
         // the pages are inaccessible or the application is inside a synchronization call.
         // SAFETY: in bounds, aligned, valid for `T`, no overlapping `ViewMut` (the heap's one
-        // tracker), and the bytes do not change while the view lives (module docs).
+        // tracker); while the view lives the runtime writes only pages it cannot load from (a
+        // streaming view's pages on their way, a page outside a view's declared parts: a load
+        // faults and waits until the page is final), never bytes a load of it can see change
+        // (module docs).
         let slice = unsafe { std::slice::from_raw_parts(ptr, h.len()) };
         Ok(View { slice, tracker: self, start, end })
     }

@@ -314,6 +314,68 @@ fn fault_outside_the_heap_chains_to_the_default_action(backend: FaultBackend, te
     out.assert_killed_by(libc::SIGSEGV);
 }
 
+/// The handler installed for `sig` now.
+fn current_handler(sig: libc::c_int) -> libc::sighandler_t {
+    // SAFETY: a zeroed sigaction is a valid out-parameter; a null new action only queries.
+    let mut now: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: queries the action of `sig` into `now`, a live struct.
+    assert_eq!(unsafe { libc::sigaction(sig, std::ptr::null(), &mut now) }, 0);
+    now.sa_sigaction
+}
+
+/// A signal a process sends to a program that ignored it before the handler was installed is
+/// still ignored: the handler passes it on, and the process neither dies nor loses the handler.
+fn a_sent_signal_the_program_ignored_stays_ignored(backend: FaultBackend, test: &str) {
+    run_in_child(test, || {
+        for sig in [libc::SIGSEGV, libc::SIGBUS] {
+            // SAFETY: ignoring a signal installs no code; the handler below replaces it.
+            assert_ne!(unsafe { libc::signal(sig, libc::SIG_IGN) }, libc::SIG_ERR);
+        }
+        let heap = map(layout(21, 4), backend).unwrap();
+        let _handler = FaultHandler::install(heap, Doorbell::new().unwrap()).unwrap();
+        let ours = current_handler(libc::SIGSEGV);
+        for sig in [libc::SIGSEGV, libc::SIGBUS] {
+            // SAFETY: sends `sig` to this thread, which the installed handler passes on.
+            assert_eq!(unsafe { libc::raise(sig) }, 0);
+            assert_eq!(current_handler(sig), ours, "the handler of signal {sig} was replaced");
+        }
+    })
+    .assert_success();
+}
+
+/// A hardware memory error on a heap page (`SIGBUS` with `BUS_MCEERR_AR`) is not taken for a
+/// userfaultfd fault, which would retry the access forever: it goes to the action installed
+/// before (here the default, which a real memory error would meet at once on its retry).
+fn a_memory_error_on_the_heap_goes_to_the_previous_action(backend: FaultBackend, test: &str) {
+    run_in_child(test, || {
+        let heap = map(layout(22, 4), backend).unwrap();
+        let addr = heap.app_base() as usize + heap.page_size();
+        let _handler = FaultHandler::install(heap, Doorbell::new().unwrap()).unwrap();
+        let ours = current_handler(libc::SIGBUS);
+        assert_ne!(ours, libc::SIG_DFL);
+        // A siginfo as the kernel fills it for a memory error: signal, errno, code, then (at
+        // byte 16 on 64-bit Linux) the address.
+        let mut info = [0u64; 16];
+        info[0] = libc::SIGBUS as u64;
+        info[1] = libc::BUS_MCEERR_AR as u64;
+        info[2] = addr as u64;
+        // SAFETY: queues a signal to this very thread with a siginfo buffer of the kernel's
+        // size (128 bytes); a process may give a positive code to a signal it sends itself.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_rt_tgsigqueueinfo,
+                libc::getpid(),
+                libc::gettid(),
+                libc::SIGBUS,
+                info.as_mut_ptr(),
+            )
+        };
+        assert_eq!(rc, 0, "rt_tgsigqueueinfo: {}", std::io::Error::last_os_error());
+        assert_eq!(current_handler(libc::SIGBUS), libc::SIG_DFL, "the memory error was not passed on");
+    })
+    .assert_success();
+}
+
 fn revoke_while_the_application_writes_loses_nothing(backend: FaultBackend, test: &str) {
     let out = run_in_child(test, || {
         const WORDS: usize = 512; // u64 words in a 4 KiB page
@@ -453,6 +515,8 @@ on_both_backends!(
     slow_path_hands_the_fault_to_the_service_thread,
     fault_from_another_thread_aborts_with_a_message,
     fault_outside_the_heap_chains_to_the_default_action,
+    a_sent_signal_the_program_ignored_stays_ignored,
+    a_memory_error_on_the_heap_goes_to_the_previous_action,
     revoke_while_the_application_writes_loses_nothing,
     only_one_handler_and_no_probe_while_installed,
     fast_path_cost_next_to_bare_fault,
