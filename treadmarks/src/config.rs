@@ -149,6 +149,10 @@ pub const MAX_LOCKS: u32 = 1 << 20;
 /// Most barriers a job may have (`TMK_BARRIERS`).
 pub const MAX_BARRIERS: u32 = 1 << 16;
 
+/// Most lock tokens a grant may pass along unasked (`TMK_LOCK_BUNDLE`): every node keeps a ring
+/// of eight times as many of its acquires.
+pub const MAX_LOCK_BUNDLE: usize = 1 << 16;
+
 /// Largest allocator heap backed at startup (`TMK_MALLOC_RESERVE`).
 pub const MAX_MALLOC_RESERVE: usize = 1 << 30;
 
@@ -318,85 +322,100 @@ impl Config {
     /// Reads the `TMK_*` variables, then the flags in `args` (without the program name).
     /// Returns the configuration and the arguments it did not consume.
     pub fn from_env_and_args(args: Vec<String>) -> Result<(Config, Vec<String>), ConfigError> {
+        Self::from_vars_and_args(|k| std::env::var_os(k), args)
+    }
+
+    /// [`Config::from_env_and_args`] with the variables `var` gives.
+    fn from_vars_and_args(
+        var: impl Fn(&str) -> Option<std::ffi::OsString>,
+        args: Vec<String>,
+    ) -> Result<(Config, Vec<String>), ConfigError> {
         let mut c = Config::default();
-        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-        if let Some(v) = env("TMK_NPROCS") {
+        // Set and not empty; a value that is not UTF-8 is refused, not taken for unset.
+        let env = |k: &'static str| match var(k).map(std::ffi::OsString::into_string) {
+            None => Ok(None),
+            Some(Ok(v)) => Ok(Some(v).filter(|v| !v.is_empty())),
+            Some(Err(v)) => Err(invalid(k, &v.to_string_lossy(), "not UTF-8")),
+        };
+        if let Some(v) = env("TMK_NPROCS")? {
             c.nprocs = num("TMK_NPROCS", &v)?;
         }
-        if let Some(v) = env("TMK_RANK") {
+        if let Some(v) = env("TMK_RANK")? {
             c.role = Role::Member { rank: num("TMK_RANK", &v)? };
         }
-        if let Some(v) = env("TMK_ROOT") {
+        if let Some(v) = env("TMK_ROOT")? {
             c.root = Some(address("TMK_ROOT", &v)?);
         }
-        if let Some(v) = env("TMK_HEAP_SIZE") {
+        if let Some(v) = env("TMK_HEAP_SIZE")? {
             c.heap_size = parse_size("TMK_HEAP_SIZE", &v)?;
         }
-        if let Some(v) = env("TMK_HEAP_BASE") {
+        if let Some(v) = env("TMK_HEAP_BASE")? {
             let hex = v.trim().trim_start_matches("0x");
             c.heap_base = usize::from_str_radix(hex, 16).map_err(|e| invalid("TMK_HEAP_BASE", &v, e))?;
         }
-        if let Some(v) = env("TMK_LOCKS") {
+        if let Some(v) = env("TMK_LOCKS")? {
             c.nlocks = num("TMK_LOCKS", &v)?;
         }
-        if let Some(v) = env("TMK_BARRIERS") {
+        if let Some(v) = env("TMK_BARRIERS")? {
             c.nbarriers = num("TMK_BARRIERS", &v)?;
         }
         c.gc_threshold = c.gc_threshold.min(c.heap_size as u64 / 4);
-        if let Some(v) = env("TMK_GC_THRESHOLD") {
+        if let Some(v) = env("TMK_GC_THRESHOLD")? {
             c.gc_threshold = parse_size("TMK_GC_THRESHOLD", &v)? as u64;
         }
-        if let Some(v) = env("TMK_PIN") {
+        if let Some(v) = env("TMK_PIN")? {
             c.pin = Some(switch("TMK_PIN", &v)?);
         }
-        if let Some(v) = env("TMK_SERVICE_RT") {
+        if let Some(v) = env("TMK_SERVICE_RT")? {
             c.service_rt = Some(switch("TMK_SERVICE_RT", &v)?);
         }
-        if let Some(v) = env("TMK_SERVICE_SPIN_US") {
+        if let Some(v) = env("TMK_SERVICE_SPIN_US")? {
             c.service_spin = Some(Duration::from_micros(num("TMK_SERVICE_SPIN_US", &v)?));
         }
-        if let Some(v) = env("TMK_SPIN_US") {
+        if let Some(v) = env("TMK_SPIN_US")? {
             c.app_spin = Duration::from_micros(num("TMK_SPIN_US", &v)?);
         }
-        if let Some(v) = env("TMK_CONSISTENCY_LIMIT") {
+        if let Some(v) = env("TMK_CONSISTENCY_LIMIT")? {
             c.consistency_limit = Some(parse_size("TMK_CONSISTENCY_LIMIT", &v)? as u64);
         }
-        if let Some(v) = env("TMK_DIFF_RESERVE") {
+        if let Some(v) = env("TMK_DIFF_RESERVE")? {
             c.diff_reserve = Some(parse_size("TMK_DIFF_RESERVE", &v)? as u64);
         }
-        if let Some(v) = env("TMK_TWIN_RESERVE") {
+        if let Some(v) = env("TMK_TWIN_RESERVE")? {
             c.twin_reserve = parse_size("TMK_TWIN_RESERVE", &v)?;
         }
-        if let Some(v) = env("TMK_MALLOC_RESERVE") {
+        if let Some(v) = env("TMK_MALLOC_RESERVE")? {
             c.malloc_reserve = parse_size("TMK_MALLOC_RESERVE", &v)?;
         }
-        if let Some(v) = env("TMK_PUSH") {
+        if let Some(v) = env("TMK_PUSH")? {
             c.push = switch("TMK_PUSH", &v)?;
         }
-        if let Some(v) = env("TMK_PUSH_SKIP") {
+        if let Some(v) = env("TMK_PUSH_SKIP")? {
             c.push_skip = switch("TMK_PUSH_SKIP", &v)?;
         }
-        if let Some(v) = env("TMK_BACK_HEAP") {
+        if let Some(v) = env("TMK_BACK_HEAP")? {
             c.back_heap = switch("TMK_BACK_HEAP", &v)?;
         }
-        if let Some(v) = env("TMK_LOCK_BUNDLE") {
+        if let Some(v) = env("TMK_LOCK_BUNDLE")? {
             c.lock_bundle = num("TMK_LOCK_BUNDLE", &v)?;
         }
-        if let Some(v) = env("TMK_STREAM_MIN_PAGES") {
+        if let Some(v) = env("TMK_STREAM_MIN_PAGES")? {
             c.stream_min_pages = num("TMK_STREAM_MIN_PAGES", &v)?;
         }
-        if let Some(v) = env("TMK_STATS") {
+        if let Some(v) = env("TMK_STATS")? {
             c.stats_json = v.eq_ignore_ascii_case("json");
             c.print_stats = c.stats_json
                 || switch("TMK_STATS", &v)
                     .map_err(|_| invalid("TMK_STATS", &v, "expected 1 or 0 (on/off, ...) or json"))?;
         }
-        if let Some(v) = env("TMK_CONNECT_TIMEOUT") {
+        if let Some(v) = env("TMK_CONNECT_TIMEOUT")? {
             c.connect_timeout = Duration::from_secs(num("TMK_CONNECT_TIMEOUT", &v)?);
         }
-        if let Some(v) = env("TMK_FAULTS") {
+        if let Some(v) = env("TMK_FAULTS")? {
             c.faults = v.parse().map_err(|why: String| invalid("TMK_FAULTS", &v, why))?;
         }
+        // Set by the launcher in the nodes it spawns (not a setting of the user's).
+        let spawned = var("TMK_LAUNCHER_PID").is_some();
         let mut rest = Vec::new();
         let mut it = args.into_iter();
         while let Some(a) = it.next() {
@@ -412,6 +431,12 @@ impl Config {
                 Some(v) => v,
                 None => return Err(ConfigError::MissingValue { flag }),
             };
+            // A node a launcher spawned was given the launcher's arguments, these flags among
+            // them, and the launcher's settings for them in its environment, which win: its
+            // rank, and the address the launcher listens on where `--root` may name port 0.
+            if spawned {
+                continue;
+            }
             match flag.as_str() {
                 "-n" | "--nprocs" => c.nprocs = num("--nprocs", &value)?,
                 "--rank" => c.role = Role::Member { rank: num("--rank", &value)? },
@@ -451,7 +476,7 @@ impl Config {
         }
         // Bounds on what every node allocates up front, so that an excessive value is an error
         // naming it rather than an allocation failure that aborts the process.
-        let bounds: [(&'static str, u64, u64, &str); 5] = [
+        let bounds: [(&'static str, u64, u64, &str); 6] = [
             (
                 "TMK_HEAP_SIZE",
                 self.heap_size as u64,
@@ -465,6 +490,12 @@ impl Config {
                 "locks: every node keeps the state of every lock",
             ),
             ("TMK_BARRIERS", u64::from(self.nbarriers), u64::from(MAX_BARRIERS), "barriers"),
+            (
+                "TMK_LOCK_BUNDLE",
+                self.lock_bundle as u64,
+                MAX_LOCK_BUNDLE as u64,
+                "locks: every node keeps a ring of eight times as many of its acquires",
+            ),
             (
                 "TMK_MALLOC_RESERVE",
                 self.malloc_reserve as u64,
@@ -497,7 +528,7 @@ impl Config {
     /// collection: the collection threshold, and one chunk more, since the collection comes at
     /// the barrier after the threshold is passed (the chunk pool caps it at 64 MiB).
     pub fn diff_reserve_bytes(&self) -> u64 {
-        self.diff_reserve.unwrap_or(self.gc_threshold + crate::mem::chunk::CHUNK as u64)
+        self.diff_reserve.unwrap_or(self.gc_threshold.saturating_add(crate::mem::chunk::CHUNK as u64))
     }
 
     /// Memory a node of a multi-node job backs at startup, in bytes: its diff reserve (as the
@@ -617,6 +648,9 @@ mod tests {
         assert_eq!(c.diff_reserve_bytes(), (8 << 20) + crate::mem::chunk::CHUNK as u64);
         c.diff_reserve = Some(0);
         assert_eq!(c.diff_reserve_bytes(), 0, "0 turns it off");
+        // A threshold of "never" does not wrap around to a reserve of almost nothing.
+        let never = Config { gc_threshold: u64::MAX, ..Config::default() };
+        assert_eq!(never.diff_reserve_bytes(), u64::MAX);
     }
 
     #[test]
@@ -639,6 +673,44 @@ mod tests {
         assert!(e.to_string().contains("zero"));
     }
 
+    /// A node a launcher spawned takes its rank, node count and node 0's address from the
+    /// launcher's variables, not from the launcher's flags it was given too: a `--root` naming
+    /// port 0 had the nodes call on port 0 until the meeting timed out.
+    #[test]
+    fn a_spawned_node_takes_the_launchers_variables_over_its_flags() {
+        let vars = |spawned: bool| {
+            move |k: &str| {
+                let v = match k {
+                    "TMK_RANK" => "2",
+                    "TMK_NPROCS" => "4",
+                    "TMK_ROOT" => "10.0.0.5:4100",
+                    "TMK_LAUNCHER_PID" if spawned => "1234",
+                    _ => return None,
+                };
+                Some(std::ffi::OsString::from(v))
+            }
+        };
+        let args = || ["-n", "4", "--root", "10.0.0.5:0", "--size", "9"].map(String::from).to_vec();
+        let (c, rest) = Config::from_vars_and_args(vars(true), args()).unwrap();
+        assert_eq!(
+            (c.nprocs, c.role, c.root),
+            (4, Role::Member { rank: 2 }, Some("10.0.0.5:4100".parse().unwrap()))
+        );
+        assert_eq!(rest, ["--size", "9"]);
+        // Started by hand with both, a node's flags win.
+        let (c, _) = Config::from_vars_and_args(vars(false), args()).unwrap();
+        assert_eq!(c.root, Some("10.0.0.5:0".parse().unwrap()));
+    }
+
+    /// A setting whose value is not UTF-8 is refused by name, not taken for unset.
+    #[test]
+    fn a_setting_that_is_not_utf8_is_refused() {
+        use std::os::unix::ffi::OsStringExt;
+        let var = |k: &str| (k == "TMK_HEAP_SIZE").then(|| std::ffi::OsString::from_vec(vec![b'1', 0xff]));
+        let e = Config::from_vars_and_args(var, Vec::new()).unwrap_err().to_string();
+        assert!(e.contains("TMK_HEAP_SIZE") && e.contains("not UTF-8"), "{e}");
+    }
+
     #[test]
     fn sizes_that_would_not_fit_in_memory_are_refused_by_name() {
         for (field, name) in [
@@ -646,12 +718,14 @@ mod tests {
             ("locks", "TMK_LOCKS"),
             ("malloc", "TMK_MALLOC_RESERVE"),
             ("timeout", "TMK_CONNECT_TIMEOUT"),
+            ("bundle", "TMK_LOCK_BUNDLE"),
         ] {
             let mut c = Config::default();
             match field {
                 "heap" => c.heap_size = 4096 << 30,
                 "locks" => c.nlocks = 4_000_000_000,
                 "malloc" => c.malloc_reserve = 100 << 30,
+                "bundle" => c.lock_bundle = u32::MAX as usize,
                 _ => c.connect_timeout = Duration::from_secs(u64::MAX),
             }
             let e = c.validate().unwrap_err().to_string();

@@ -400,7 +400,10 @@ impl Tmk {
 
     /// Round trip to node `peer` through both runtimes (for measurements).
     pub fn ping(&mut self, peer: usize) -> Result<()> {
-        self.done(Command::Ping(NodeId(peer as u16))).map(drop)
+        // Out of range but within u16, the node refuses it (`Node::request_ping`).
+        let id = u16::try_from(peer)
+            .map_err(|_| ProtocolError::UnknownNode { node: peer as u64, nprocs: self.nprocs })?;
+        self.done(Command::Ping(NodeId(id))).map(drop)
     }
 
     /// A view of a shared array. See [`Tmk`] for the borrowing rules.

@@ -143,6 +143,9 @@ impl<M: PageMemory> Node<M> {
 
     /// Round trip to `peer` through both runtimes; completes with [`AppDone::Pong`].
     pub fn request_ping(&mut self, peer: NodeId) -> Result<(), ProtocolError> {
+        if peer.idx() >= self.nprocs() {
+            return Err(ProtocolError::UnknownNode { node: peer.0.into(), nprocs: self.cfg.nprocs });
+        }
         self.begin("ping")?;
         self.pending = Pending::Ping(peer);
         self.outbox.push_back((peer, Message::Ping { token: self.distribute_seq }));

@@ -10,6 +10,9 @@ pub enum ProtocolError {
     /// A lock id beyond the configured count.
     #[error("{lock} is out of range: this job has {nlocks} locks (ids 0..{nlocks})")]
     UnknownLock { lock: LockId, nlocks: u32 },
+    /// A node id beyond the job's nodes (as the application gave it).
+    #[error("node {node} is out of range: this job has {nprocs} nodes (ids 0..{nprocs})")]
+    UnknownNode { node: u64, nprocs: u16 },
     /// A barrier id beyond the configured count.
     #[error("{barrier} is out of range: this job has {nbarriers} barriers (ids 0..{nbarriers})")]
     UnknownBarrier { barrier: BarrierId, nbarriers: u32 },

@@ -1519,6 +1519,18 @@ fn an_arrival_with_a_bad_interval_record_is_its_senders_error() {
     net.nodes[0].handle_message(NodeId(1), arrive(record(1, 1, 3, 0))).unwrap();
 }
 
+/// A ping of a node the job does not have is the caller's error, naming it (a one-node job
+/// pinging node 1 panicked on the message it could not send).
+#[test]
+fn a_ping_of_a_node_outside_the_job_is_an_error() {
+    for n in [1, 2] {
+        let mut net = Net::new(n);
+        let e = net.nodes[0].request_ping(NodeId(n)).unwrap_err();
+        assert_eq!(e.to_string(), format!("node {n} is out of range: this job has {n} nodes (ids 0..{n})"));
+        assert!(!net.nodes[0].has_transmit());
+    }
+}
+
 /// Allocation and free replies and the exit's release come from node 0 alone: from another node
 /// they are errors naming it, not completions of the caller's request with made-up values (a
 /// stray release let node 0 leave its exit early, and the last arrival then panicked).

@@ -19,7 +19,8 @@ pub(crate) struct Children {
 
 /// Watches spawned nodes while the job meets: a node that exits before the meeting ends (a heap
 /// it cannot map, say) would otherwise leave this process waiting out the meeting's timeout.
-/// The watch ends when dropped.
+/// [`StartupWatch::finish`] ends the watch and hands the nodes back; dropped instead (the
+/// launcher failed to start), the watch ends and the nodes are killed and reaped.
 #[derive(Debug)]
 pub(crate) struct StartupWatch {
     stop: Arc<AtomicBool>,
@@ -57,11 +58,23 @@ impl StartupWatch {
 
     /// Ends the watch and hands the children back.
     pub fn finish(mut self) -> Children {
+        self.end();
+        std::mem::take(&mut *self.children.lock().expect("children"))
+    }
+
+    fn end(&mut self) {
         self.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        std::mem::take(&mut *self.children.lock().expect("children"))
+    }
+}
+
+impl Drop for StartupWatch {
+    /// Ends the watch; the children, unless [`StartupWatch::finish`] took them, go with it
+    /// (killed and reaped by [`Children`]'s drop).
+    fn drop(&mut self) {
+        self.end();
     }
 }
 
@@ -114,8 +127,7 @@ impl Children {
                     }
                 }
             }
-            if Instant::now() > deadline {
-                let node = self.procs[0].0;
+            if let Some(&(node, _)) = self.procs.first().filter(|_| Instant::now() > deadline) {
                 first_error
                     .get_or_insert(Error::NodeExited { node, status: "no exit in time (killed)".into() });
                 break;
@@ -159,5 +171,51 @@ pub(crate) fn follow_launcher(me: NodeId) {
     if following && nix::unistd::getppid().as_raw() != pid {
         crate::report(&format!("treadmarks: the launcher (pid {pid}) is gone; exiting"));
         std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A child running `cmd`, as node 1.
+    fn child(cmd: &str, arg: &str) -> Children {
+        let c = Command::new(cmd).arg(arg).spawn().expect("spawn");
+        Children { procs: vec![(NodeId(1), c)] }
+    }
+
+    /// Whether process `pid` exists (a zombie counts: it is not reaped yet).
+    fn exists(pid: u32) -> bool {
+        std::path::Path::new(&format!("/proc/{pid}")).exists()
+    }
+
+    /// A launcher that fails to start after spawning its nodes drops the watch: the nodes are
+    /// killed and reaped then, not left to call on a closed listener until the meeting times out
+    /// (and the watch then to end the launcher).
+    #[test]
+    fn a_dropped_startup_watch_kills_and_reaps_the_nodes() {
+        let children = child("sleep", "30");
+        let pid = children.procs[0].1.id();
+        drop(StartupWatch::new(children));
+        assert!(!exists(pid), "node {pid} outlived the watch");
+    }
+
+    /// The last node exiting just as the bound passes: no node is left to name as late, and
+    /// none is (this indexed an empty list and panicked).
+    #[test]
+    fn waiting_past_the_bound_for_nodes_that_all_exited_reports_none() {
+        let children = child("true", "");
+        let pid = children.procs[0].1.id();
+        let zombie = |pid: u32| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| s.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')))
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !zombie(pid) {
+            assert!(Instant::now() < deadline, "`true` did not exit within 10 s");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(children.wait(Duration::ZERO).is_ok());
+        assert!(!exists(pid));
     }
 }
