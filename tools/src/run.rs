@@ -218,13 +218,15 @@ struct Runs {
 }
 
 impl Runs {
-    /// The median run's time and statistics, with every run's time and every failure.
+    /// The median time (of an even count, the mean of the two middle ones) and the statistics
+    /// of the median run (of an even count, the faster middle one), with every run's time and
+    /// every failure.
     fn median(mut self) -> Cell {
-        let reps = self.ok.iter().map(|o| o.secs).collect();
+        let reps: Vec<f64> = self.ok.iter().map(|o| o.secs).collect();
         self.ok.sort_by(|a, b| a.secs.total_cmp(&b.secs));
-        let median = self.ok.get(self.ok.len() / 2);
+        let median = self.ok.len().checked_sub(1).map(|last| &self.ok[last / 2]);
         Cell {
-            secs: median.map(|m| m.secs),
+            secs: crate::report::median(&reps),
             stats: median.map(|m| m.stats.clone()).unwrap_or_default(),
             reps,
             errors: self.errors,
