@@ -358,11 +358,11 @@ impl<M: PageMemory> Node<M> {
         if self.manager_of(lock) != self.me || ask.vt.len() != self.nprocs() {
             return Err(bad("lock request"));
         }
-        let tail = Tail { node: from, request: Some(seq) };
-        let last = std::mem::replace(&mut self.locks[lock.idx()].tail, tail);
-        if last.node == from {
+        if self.locks[lock.idx()].tail.node == from {
             return Err(bad("second lock request without a grant in between"));
         }
+        let tail = Tail { node: from, request: Some(seq) };
+        let last = std::mem::replace(&mut self.locks[lock.idx()].tail, tail);
         let LockAsk { requester, vt, wish } = ask;
         let msg = Message::LockForward { lock, requester, vt, wish, tail: last.request };
         self.outbox.push_back((last.node, msg));

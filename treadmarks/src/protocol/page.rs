@@ -851,13 +851,16 @@ impl<M: PageMemory> Node<M> {
         if d.seq <= st.applied_seq {
             return Ok(());
         }
-        st.applied_seq = d.seq;
         if d.first_vt.get(from) <= st.superseded {
+            st.applied_seq = d.seq;
             self.stats.diffs_superseded += 1;
             return Ok(());
         }
         let page = if in_place { self.mem.page_mut_while_blocked(p) } else { self.mem.page_mut(p) };
         d.diff.apply(page).map_err(|source| ProtocolError::BadDiff { from, page: p, source })?;
+        // Noted once applied: a malformed diff is not taken for one applied (the error ends the
+        // job all the same).
+        st.applied_seq = d.seq;
         self.stats.diffs_applied += 1;
         self.stats.diff_bytes_applied += d.diff.encoded_len() as u64;
         Ok(())
