@@ -18,7 +18,8 @@
 //! The application gets an error from its pending or next call; if it is blocked in a page fault
 //! (where no error can be returned) the node prints why and exits with status 1 once its abort
 //! is on its way to the peers ([`ABORT_FLUSH`]); if it computes without calling into the
-//! runtime, the node exits the same way after a grace period.
+//! runtime, the node exits the same way after a grace period ([`GRACE`]), and if it then
+//! faults, it waits out that period in its fault.
 
 use super::{Command, Mailbox, Reply, SharedNode, lock_node, start};
 use crate::error::Error;
@@ -168,6 +169,13 @@ impl Service {
                 }
                 continue;
             }
+            if self.failed.is_some() && deadline.is_none() {
+                // Blocked in a fault, the application can be told nothing: exit once the abort
+                // is out. Otherwise give it the grace period to notice. (Set before waiting, so
+                // that a failure in the deferred work above is bounded too.)
+                let wait = if matches!(self.app, App::InFault(_)) { ABORT_FLUSH } else { GRACE };
+                deadline = Some(tokio::time::Instant::now() + wait);
+            }
             let polling = self.polling();
             tokio::select! {
                 ev = events.recv(), if events_open => match ev {
@@ -196,12 +204,6 @@ impl Service {
                 _ = tokio::task::yield_now(), if polling => {}
             }
             let sent = self.pump();
-            if self.failed.is_some() && deadline.is_none() {
-                // Blocked in a fault, the application can be told nothing: exit once the abort
-                // is out. Otherwise give it the grace period to notice.
-                let wait = if matches!(self.app, App::InFault(_)) { ABORT_FLUSH } else { GRACE };
-                deadline = Some(tokio::time::Instant::now() + wait);
-            }
             if sent {
                 // Let the link writers put the frames on the wire before the next event is
                 // handled. Otherwise, with more requests already queued (a bulk fetch ramps its
@@ -320,8 +322,10 @@ impl Service {
         }
         if let Some((page, kind)) = self.mailbox.doorbell.take_fault() {
             self.app_waits(App::InFault(Instant::now()));
-            if let Some(why) = &self.failed {
-                fault_exit(self.me, why);
+            if self.failed.is_some() {
+                // The job failed while the application ran: it stays in this fault until the
+                // failure's deadline (`run`), by when the abort has left for the peers.
+                return;
             }
             let handled = self.node().handle_fault(page, kind == FaultKind::Write);
             if let Err(e) = handled {
@@ -451,13 +455,14 @@ impl Service {
         let mut started = false;
         while let Some(done) = node.poll_done() {
             match done {
+                // A failed job's application was answered with the failure (or stays in its
+                // fault until the node exits): a completion after it would answer twice.
+                _ if self.failed.is_some() => {}
                 AppDone::Settled => {
                     let cmd = self.after_settle.take().expect("a settle only before a synchronization");
                     started = true;
                     self.answer_started(start(node, cmd));
                 }
-                // A failed job's application stays in its fault until the node exits.
-                AppDone::FaultResolved(_) if self.failed.is_some() => {}
                 AppDone::FaultResolved(_) => {
                     if let App::InFault(t) = self.app {
                         self.stats.miss_wait += t.elapsed();
