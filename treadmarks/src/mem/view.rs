@@ -163,15 +163,13 @@ impl BorrowTracker {
     pub fn view<'a, T: Pod>(&'a self, h: &Shared<[T]>) -> Result<View<'a, T>, ViewError> {
         let (start, end) = self.range(h)?;
         self.enter(start, end, false)?;
-        let ptr = self.heap.app_base().wrapping_add(start as usize) as *const T;
         // `range` checked that `start..end` lies inside the mapped application view and is aligned
-        // for `T`; `T: Pod` makes any bytes a valid `T`; the runtime changes these bytes only while
-        // the pages are inaccessible or the application is inside a synchronization call.
+        // for `T`; `T: Pod` makes any bytes a valid `T`. While the view lives the runtime writes
+        // only pages it cannot load from (a streaming view's pages on their way, a page outside
+        // a view's declared parts: a load faults and waits until the page is final).
+        let ptr = self.heap.app_base().wrapping_add(start as usize) as *const T;
         // SAFETY: in bounds, aligned, valid for `T`, no overlapping `ViewMut` (the heap's one
-        // tracker); while the view lives the runtime writes only pages it cannot load from (a
-        // streaming view's pages on their way, a page outside a view's declared parts: a load
-        // faults and waits until the page is final), never bytes a load of it can see change
-        // (module docs).
+        // tracker), and no byte a load can see changes while the view lives (module docs).
         let slice = unsafe { std::slice::from_raw_parts(ptr, h.len()) };
         Ok(View { slice, tracker: self, start, end })
     }
