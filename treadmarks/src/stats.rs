@@ -125,13 +125,14 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let p = &self.protocol;
         let sent = self.sent();
-        let fields: [(&str, f64); 52] = [
+        let fields: [(&str, f64); 53] = [
             ("node", f64::from(self.node.0)),
             ("nprocs", f64::from(self.nprocs)),
             ("pinned", f64::from(u8::from(self.pinned))),
             ("msgs_sent", sent.msgs as f64),
             ("bytes_sent", sent.bytes as f64),
             ("read_misses", p.read_misses as f64),
+            ("view_misses", p.view_misses as f64),
             ("write_faults", (p.write_faults + self.fast_write_faults) as f64),
             ("twins", (p.twins + p.fast_twins + p.twins_ahead) as f64),
             ("twins_ahead", p.twins_ahead as f64),
@@ -251,8 +252,8 @@ impl fmt::Display for Stats {
         )?;
         writeln!(
             f,
-            "  views that fetched: {} ({} streamed, {} pages; {} faults waited for a page on its way, {} synchronizations for the rest)",
-            p.validations, p.streams, p.streamed_pages, p.stream_waits, p.settles
+            "  views that fetched: {} ({} invalid pages; {} streamed, {} pages; {} faults waited for a page on its way, {} synchronizations for the rest)",
+            p.validations, p.view_misses, p.streams, p.streamed_pages, p.stream_waits, p.settles
         )?;
         writeln!(
             f,

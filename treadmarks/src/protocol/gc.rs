@@ -37,8 +37,10 @@ pub struct Accounting {
     pub record_bytes: u64,
     /// Our diffs.
     pub diff_bytes: u64,
-    /// Pages with a per-writer notice table.
-    pub writer_tables: u64,
+    /// Pages with a per-writer notice table, each once: those named by write notices, and
+    /// those whose whole copy came with the diffs it holds (`Node::try_finish_miss`), which no
+    /// notice may name.
+    pub tabled: Vec<PageIdx>,
 }
 
 impl Accounting {
@@ -55,8 +57,8 @@ pub(crate) struct GcRound {
     /// Pages still being validated.
     pub validating: usize,
     /// Every page named by an interval record since the last collection: the only pages that
-    /// can hold write-notice tables or diffs (tables come from incoming records and the diffs
-    /// fetched for them; our diffs from twins whose interval was recorded).
+    /// can hold our diffs (made from twins whose interval was recorded). Write-notice tables
+    /// are noted as they are made (`Accounting::tabled`).
     pub pages: Vec<PageIdx>,
 }
 
@@ -72,7 +74,7 @@ impl<M: PageMemory> Node<M> {
     pub fn consistency_bytes(&self) -> u64 {
         let a = &self.acct;
         let twins = (self.twinned.len() * self.mem.page_size()) as u64;
-        let tables = a.writer_tables * (self.nprocs() * size_of::<super::page::WriterState>()) as u64;
+        let tables = (a.tabled.len() * self.nprocs() * size_of::<super::page::WriterState>()) as u64;
         a.record_bytes + a.diff_bytes + twins + tables
     }
 
@@ -92,7 +94,7 @@ impl<M: PageMemory> Node<M> {
     /// every barrier.
     pub fn reclaimable_bytes(&self) -> u64 {
         let a = &self.acct;
-        let tables = a.writer_tables * (self.nprocs() * size_of::<super::page::WriterState>()) as u64;
+        let tables = (a.tabled.len() * self.nprocs() * size_of::<super::page::WriterState>()) as u64;
         a.record_bytes + a.diff_bytes + tables
     }
 
@@ -134,8 +136,12 @@ impl<M: PageMemory> Node<M> {
     /// Like [`Node::request_barrier`], and the barrier collects whatever the threshold says.
     pub fn request_collect(&mut self, barrier: BarrierId) -> Result<(), ProtocolError> {
         self.begin("collect")?;
-        self.gc_force = true;
-        self.request_barrier(barrier)
+        let forced = std::mem::replace(&mut self.gc_force, true);
+        let arrived = self.request_barrier(barrier);
+        if arrived.is_err() {
+            self.gc_force = forced; // A refused call changes nothing.
+        }
+        arrived
     }
 
     /// Step 2: validate the pages we wrote, drop the stale copies of pages we did not.
@@ -160,7 +166,7 @@ impl<M: PageMemory> Node<M> {
             if we_wrote {
                 validate.push(p);
             } else {
-                debug_assert_eq!(self.mem.access(p), Access::None);
+                invariant_eq!(self.mem.access(p), Access::None);
                 self.pages[p.idx()].base_from = Some(first_writer);
                 self.stats.pages_dropped += 1;
             }
@@ -219,12 +225,12 @@ impl<M: PageMemory> Node<M> {
             meta.whole = false;
         }
         self.set_access_in_runs(twinned, Access::Read);
-        for p in &round.pages {
+        for p in round.pages.iter().chain(&self.acct.tabled) {
             let meta = &mut self.pages[p.idx()];
             meta.writers = Vec::new();
             meta.diffs = Vec::new();
         }
-        debug_assert!(self.pages.iter().all(|m| m.writers.is_empty() && m.diffs.is_empty()));
+        invariant!(self.pages.iter().all(|m| m.writers.is_empty() && m.diffs.is_empty()));
         self.acct = Accounting::default();
         self.forget_pushes();
         self.sent_to_manager = self.vt.get(self.me);

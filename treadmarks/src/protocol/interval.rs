@@ -84,7 +84,7 @@ impl IntervalLog {
     /// Drops every record: the new base is `vt`, which must be what the log knows.
     pub fn collect(&mut self, vt: &VectorTime) {
         for (n, log) in self.per_node.iter_mut().enumerate() {
-            debug_assert_eq!(self.base[n] + log.len() as IntervalIdx, vt.entries()[n]);
+            invariant_eq!(self.base[n] + log.len() as IntervalIdx, vt.entries()[n]);
             self.base[n] = vt.entries()[n];
             *log = Vec::new();
         }

@@ -18,6 +18,27 @@
 //! `scenarios.rs`.
 #![forbid(unsafe_code)]
 
+/// Asserts an invariant of the protocol where it is checked: in the crate's own tests (the
+/// seeded simulation and the scenarios, release builds included, as `cargo test --release`
+/// builds them) and in debug builds; compiled out of the library's release builds, where some
+/// (a scan of every page) would cost. Violations are bugs here, never a peer's bad input.
+macro_rules! invariant {
+    ($($arg:tt)*) => {
+        if cfg!(any(test, debug_assertions)) {
+            assert!($($arg)*);
+        }
+    };
+}
+
+/// [`invariant!`] for two values that must be equal.
+macro_rules! invariant_eq {
+    ($($arg:tt)*) => {
+        if cfg!(any(test, debug_assertions)) {
+            assert_eq!($($arg)*);
+        }
+    };
+}
+
 pub mod alloc;
 pub mod barrier;
 pub mod collective;

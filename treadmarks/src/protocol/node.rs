@@ -331,7 +331,7 @@ impl<M: PageMemory> Node<M> {
 
     /// The fault handler made a twin of `p` by itself and made it writable.
     pub fn handle_twin_made(&mut self, p: PageIdx) {
-        debug_assert_eq!(self.mem.access(p), Access::ReadWrite);
+        invariant_eq!(self.mem.access(p), Access::ReadWrite);
         let (open, under_lock) = (self.open_interval(), !self.held_locks.is_empty());
         let meta = &mut self.pages[p.idx()];
         (meta.twin, meta.under_lock) = (Some(open), under_lock);
@@ -700,7 +700,7 @@ impl<M: PageMemory> Node<M> {
         for (node, index) in new {
             let pages = logged(&self.log, node, index);
             for &p in pages {
-                let w = self.pages[p.idx()].writer(node, n, &mut self.acct.writer_tables);
+                let w = self.pages[p.idx()].writer(p, node, n, &mut self.acct.tabled);
                 w.noticed = w.noticed.max(index);
             }
             self.stats.intervals_incorporated += 1;

@@ -159,11 +159,18 @@ pub struct PageMeta {
 }
 
 impl PageMeta {
-    /// The state of writer `n`, allocating the per-writer table (counted in `tables`).
-    pub(crate) fn writer(&mut self, n: NodeId, nprocs: usize, tables: &mut u64) -> &mut WriterState {
+    /// The state of writer `n` of this page, `p`, allocating the per-writer table (and noting
+    /// `p` in `tabled`, for the next collection to drop it).
+    pub(crate) fn writer(
+        &mut self,
+        p: PageIdx,
+        n: NodeId,
+        nprocs: usize,
+        tabled: &mut Vec<PageIdx>,
+    ) -> &mut WriterState {
         if self.writers.is_empty() {
             self.writers = vec![WriterState::default(); nprocs];
-            *tables += 1;
+            tabled.push(p);
         }
         &mut self.writers[n.idx()]
     }
@@ -514,7 +521,7 @@ impl<M: PageMemory> Node<M> {
             self.done.push_back(AppDone::Validated);
             return Ok(());
         }
-        self.stats.read_misses += invalid.len() as u64;
+        self.stats.view_misses += invalid.len() as u64;
         self.stats.validations += 1;
         if stream && self.streams(invalid.len()) {
             self.stats.streams += 1;
@@ -827,7 +834,7 @@ impl<M: PageMemory> Node<M> {
             self.apply_diff_where(p, from, d, in_place)?;
         }
         let nprocs = self.nprocs();
-        let st = self.pages[p.idx()].writer(from, nprocs, &mut self.acct.writer_tables);
+        let st = self.pages[p.idx()].writer(p, from, nprocs, &mut self.acct.tabled);
         st.applied = st.noticed;
         Ok(())
     }
@@ -847,7 +854,7 @@ impl<M: PageMemory> Node<M> {
         in_place: bool,
     ) -> Result<(), ProtocolError> {
         let nprocs = self.nprocs();
-        let st = self.pages[p.idx()].writer(from, nprocs, &mut self.acct.writer_tables);
+        let st = self.pages[p.idx()].writer(p, from, nprocs, &mut self.acct.tabled);
         if d.seq <= st.applied_seq {
             return Ok(());
         }
@@ -920,7 +927,7 @@ impl<M: PageMemory> Node<M> {
             // The diffs the copy holds are applied already (`serve_page` says why they must not
             // be applied again).
             for (n, &held) in holds.iter().enumerate().filter(|&(_, &h)| h != Held::default()) {
-                let w = self.pages[p.idx()].writer(NodeId(n as u16), nprocs, &mut self.acct.writer_tables);
+                let w = self.pages[p.idx()].writer(p, NodeId(n as u16), nprocs, &mut self.acct.tabled);
                 w.applied_seq = w.applied_seq.max(held.seq);
                 w.superseded = w.superseded.max(held.superseded);
             }
@@ -930,10 +937,10 @@ impl<M: PageMemory> Node<M> {
             self.apply_diff(p, *n, d)?;
         }
         for (n, want, _) in &miss.asked {
-            let w = self.pages[p.idx()].writer(*n, nprocs, &mut self.acct.writer_tables);
+            let w = self.pages[p.idx()].writer(p, *n, nprocs, &mut self.acct.tabled);
             w.applied = w.applied.max(*want);
         }
-        debug_assert!(!self.pages[p.idx()].is_stale(), "{p} still stale after its miss");
+        invariant!(!self.pages[p.idx()].is_stale(), "{p} still stale after its miss");
         if miss.streamed {
             self.stream_done();
         }

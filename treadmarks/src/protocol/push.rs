@@ -74,8 +74,11 @@
 //!   alternated runs, medians; skipping every push at that barrier from the first step, a hack
 //!   keyed to the episode number, gave 0.0538 → 0.0510 s). SOR's and Jacobi's pages, written
 //!   every other epoch, show period 2 and are pushed at every barrier as before.
-//! - **Collections** drop every subscription and every pushed diff, on both sides; pushes made
-//!   for a collecting barrier or earlier are dropped on arrival.
+//! - **Collections** drop every subscription and every pushed diff, on both sides. A push is sent
+//!   once its writer's arrival is out, before anyone knows whether the barrier collects: one that
+//!   reaches its subscriber before the collecting release is kept, and may serve the
+//!   collection's own validations (it is exactly what a request would bring); one that arrives
+//!   while its receiver collects, or after, is dropped.
 
 use super::ProtocolError;
 use super::ids::{DiffSeq, IntervalIdx, NodeId, PageIdx};

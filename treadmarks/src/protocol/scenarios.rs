@@ -1938,3 +1938,20 @@ fn a_copy_of_a_dropped_page_overwritten_whole_since_is_not_overlaid_with_what_it
     net.barrier();
     assert_eq!(net.read(2, 1, 0), 250, "node 1's older write came back over node 0's overwrite");
 }
+
+#[test]
+fn a_collection_drops_the_notice_table_a_page_copy_made() {
+    // Node 0 has cut a diff (of page 1, which node 1 reads), so the copies it serves hold one.
+    // Node 1 drops page 0 at a collection and then reads it: the whole copy comes with the diffs
+    // it holds, noted in a table of page 0 that no write notice made. Nobody writes page 0 again,
+    // and the next collection must drop that table all the same (it outlived the collection,
+    // and the accounting, once only pages that notices named were cleared).
+    let mut net = Net::new(2).node_1_reads_page_1();
+    net.collect_after_node_0_writes(0);
+    assert_eq!(net.read(1, 0, 0), 1);
+    assert!(!net.nodes[1].page_meta(PageIdx(0)).writers.is_empty(), "the copy's holds are noted");
+    net.nodes.iter_mut().for_each(|n| n.cfg.gc_threshold = 0);
+    net.barrier();
+    assert_eq!(net.nodes[1].stats().collections, 2);
+    assert!(net.nodes[1].page_meta(PageIdx(0)).writers.is_empty(), "the table outlived the collection");
+}

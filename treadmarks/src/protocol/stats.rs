@@ -3,7 +3,7 @@
 /// Protocol counters of one node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProtocolStats {
-    /// Faults on invalid pages (access misses).
+    /// Faults on invalid pages (access misses), write faults on them included.
     pub read_misses: u64,
     /// Write faults handled by the protocol core (the slow path).
     pub write_faults: u64,
@@ -33,6 +33,8 @@ pub struct ProtocolStats {
     pub diff_bytes_applied: u64,
     /// View validations that fetched something (each batches many pages).
     pub validations: u64,
+    /// Invalid pages those validations brought up to date (misses without a fault).
+    pub view_misses: u64,
     /// Validations that streamed (`stream.rs`).
     pub streams: u64,
     /// Pages the streaming validations fetched.
@@ -123,6 +125,7 @@ impl std::ops::AddAssign<&ProtocolStats> for ProtocolStats {
         self.diffs_applied += o.diffs_applied;
         self.diff_bytes_applied += o.diff_bytes_applied;
         self.validations += o.validations;
+        self.view_misses += o.view_misses;
         self.streams += o.streams;
         self.streamed_pages += o.streamed_pages;
         self.stream_waits += o.stream_waits;
