@@ -833,8 +833,10 @@ impl Heap {
 impl Drop for Heap {
     fn drop(&mut self) {
         // SAFETY: the three regions were mapped by `map` with these sizes and are unmapped only
-        // here. The application view may still be in use by application code holding raw
-        // pointers; such accesses then fault outside any heap and take the default action.
+        // here, once every `Arc` of the heap is gone: the views and page memories that hold
+        // references into them hold the `Arc`. Raw pointers the application kept (`Tmk::ptr`)
+        // are its own to stop using: an access through one faults while the range stays
+        // unmapped, and reaches whatever is mapped there later otherwise.
         unsafe {
             munmap(self.app, self.size);
             munmap(self.runtime, self.size);

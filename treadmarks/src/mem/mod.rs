@@ -100,7 +100,11 @@
 //!   application view of the page is not writable.
 //! - The runtime writes a page's bytes (`page_mut`) only while the application has no access;
 //!   the application thread then either is outside the page or is blocked in a slow-path fault.
-//! - Violations are bugs in the caller and panic with the page and its state.
+//! - Violations the page's state shows (a read of a writable page, a write to an accessible
+//!   one) are bugs in the caller and panic with the page and its state. Whether the application
+//!   is blocked is not visible here: the protocol core reads a `READ_ONLY` page only after
+//!   revoking or freezing it, or while the application waits in a call (`Cut::Blocked`), and
+//!   the simulation's `VecMemory` checks that it does.
 //!
 //! # Faults
 //! The [`FaultHandler`] handles faults whose address lies inside the heap's application view and
@@ -141,7 +145,8 @@
 //!   revoke to `None` or freeze (slow path, the service thread decides), while a twin is pending.
 //! - A `READ_ONLY` page can become writable at any instant through the fast path, so a slice
 //!   from `page()`/`twin()` of a `Read` page may observe concurrent application stores. To read a
-//!   page stably, revoke to `None` or freeze it first (or accept racy bytes, as TreadMarks does).
+//!   page stably, revoke to `None` or freeze it first; to copy a page the application may be
+//!   writing, use `snapshot` (volatile word loads, no reference to the bytes).
 //! - The service thread must tolerate a slow-path fault for a page that is valid by the time it
 //!   looks (just call `fault_resolved`), and must always wake the application thread eventually: it
 //!   is blocked inside a signal handler.

@@ -377,6 +377,9 @@ impl PageMemory for HeapPages {
         let i = self.check(p);
         let heap = &*self.0;
         assert_eq!(bytes.len(), heap.page_size(), "HeapPages::set_twin({p}): the twin must be a page long");
+        // Its slot first (a page keeps its slot once it has one), so that a page never twinned
+        // panics here, not with its state owned.
+        let twin = heap.twin_page(i);
         // Own the page's state, as every twin's maker does; a writable page takes no fault, so the
         // handler never waits for it meanwhile.
         let s = state::acquire_busy(heap.state(i));
@@ -387,10 +390,11 @@ impl PageMemory for HeapPages {
                 state::name(s)
             );
         }
-        // SAFETY: the page is writable, so it has a twin slot, which only the maker of a twin
-        // writes: the handler twins only pages that fault, and we own the state. The slot is a
-        // page long, in the twin area, and does not overlap `bytes` (a copy outside the heap).
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), heap.twin_page(i), bytes.len()) };
+        // SAFETY: `twin` is the page's twin slot (checked to exist above), which only the maker
+        // of a twin writes: the handler twins only pages that fault, and we own the state. The
+        // slot is a page long, in the twin area, and does not overlap `bytes` (a copy outside
+        // the heap).
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), twin, bytes.len()) };
         heap.state(i).store(s, Ordering::Release);
     }
 

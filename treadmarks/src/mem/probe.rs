@@ -60,9 +60,28 @@ unsafe extern "C" fn probe_handler(sig: libc::c_int, info: *mut libc::siginfo_t,
     }
 }
 
+/// A bare write-fault measurement ([`bare_fault`]).
+#[derive(Debug, Clone, Copy)]
+pub struct BareFault {
+    /// Mean nanoseconds per write fault.
+    pub ns_per_fault: f64,
+    /// Page faults the kernel resolved itself (`ru_minflt`) while the writes were timed: none
+    /// when every fault is a protection fault only, `pages` if each also allocated a page.
+    pub minor_faults: u64,
+}
+
 /// Mean nanoseconds per write fault whose handler only `mprotect`s the page read-write, over
-/// `pages` fresh read-only pages. Fails if a [`FaultHandler`](super::FaultHandler) is installed.
+/// `pages` read-only pages ([`bare_fault`]).
 pub fn bare_fault_ns(pages: usize) -> Result<f64, MemError> {
+    bare_fault(pages).map(|b| b.ns_per_fault)
+}
+
+/// Write faults whose handler only `mprotect`s the page read-write, over `pages` read-only
+/// pages that are backed by memory of their own (written, then protected), so a fault costs
+/// the signal and the `mprotect` and nothing else: not the allocation a write to a never-written
+/// page (the kernel's shared zero page) would add. Fails if a
+/// [`FaultHandler`](super::FaultHandler) is installed.
+pub fn bare_fault(pages: usize) -> Result<BareFault, MemError> {
     let op = "probe the bare write-fault cost";
     if pages == 0 {
         return Err(MemError::InvalidArgument { op, reason: "pages must be at least 1".into() });
@@ -78,7 +97,7 @@ pub fn bare_fault_ns(pages: usize) -> Result<f64, MemError> {
         libc::mmap(
             ptr::null_mut(),
             len,
-            libc::PROT_READ,
+            libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
             -1,
             0,
@@ -92,24 +111,31 @@ pub fn bare_fault_ns(pages: usize) -> Result<f64, MemError> {
         });
     }
     let base = base.cast::<u8>();
-    // Touch every page (read) so the timing sees protection faults, not first-touch faults.
+    // Write every page, so each is backed by a page of its own, then protect them all: the
+    // timing sees protection faults, neither first-touch faults nor copies of the zero page.
     for i in 0..pages {
-        // SAFETY: inside the readable region just mapped.
-        unsafe { ptr::read_volatile(base.add(i * page_size)) };
+        // SAFETY: inside the writable region just mapped.
+        unsafe { ptr::write_volatile(base.add(i * page_size), 0u8) };
     }
     let result = (|| {
+        // SAFETY: the region mapped above, which this function owns.
+        if unsafe { libc::mprotect(base.cast(), len, libc::PROT_READ) } != 0 {
+            let source = io::Error::last_os_error();
+            return Err(MemError::Sys { op: "protect the fault probe region", size: len, source });
+        }
         let prev = signals::query(libc::SIGSEGV)?;
         let ctx = Box::into_raw(Box::new(ProbeContext { base: base as usize, len, page_size, prev }));
         PROBE.store(ctx, Ordering::SeqCst);
         let installed = signals::install(libc::SIGSEGV, probe_handler);
-        let elapsed = installed.as_ref().ok().map(|()| {
+        let timed = installed.as_ref().ok().map(|()| {
+            let faults_before = minor_faults();
             let start = Instant::now();
             for i in 0..pages {
                 // SAFETY: inside the probe region; the write faults once and the handler makes
                 // the page writable, then the store completes.
                 unsafe { ptr::write_volatile(base.add(i * page_size), 1u8) };
             }
-            start.elapsed()
+            (start.elapsed(), minor_faults().saturating_sub(faults_before))
         });
         signals::restore(libc::SIGSEGV, &prev);
         PROBE.store(ptr::null_mut(), Ordering::SeqCst);
@@ -119,7 +145,8 @@ pub fn bare_fault_ns(pages: usize) -> Result<f64, MemError> {
         // SAFETY: unpublished, no handler uses it any more, created by `Box::into_raw` above.
         drop(unsafe { Box::from_raw(ctx) });
         installed?;
-        Ok(elapsed.expect("timed when installed").as_nanos() as f64 / pages as f64)
+        let (elapsed, minor_faults) = timed.expect("timed when installed");
+        Ok(BareFault { ns_per_fault: elapsed.as_nanos() as f64 / pages as f64, minor_faults })
     })();
     // SAFETY: the region mapped above; nothing refers to it any more.
     unsafe { libc::munmap(base.cast(), len) };
@@ -127,10 +154,21 @@ pub fn bare_fault_ns(pages: usize) -> Result<f64, MemError> {
     result
 }
 
+/// Page faults this thread has taken that the kernel resolved without I/O (`ru_minflt`).
+fn minor_faults() -> u64 {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: `getrusage` fills the `rusage` it is given; `RUSAGE_THREAD` is always valid.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, usage.as_mut_ptr()) };
+    // SAFETY: zeroed is a valid `rusage` (plain integers), and filled in when `rc == 0`.
+    let usage = unsafe { usage.assume_init() };
+    if rc == 0 { usage.ru_minflt as u64 } else { 0 }
+}
+
 /// Times of write faults through the treadmarks fault handler's fast path ([`twin_fault_times`]).
 #[derive(Debug, Clone)]
 pub struct TwinFaultTimes {
-    /// The first pass, while the twin area is touched for the first time.
+    /// The first pass: the pages were never written, so their first twins are zeros and take
+    /// no copy (`Heap::copy_to_twin`).
     pub cold: Duration,
     /// Each warm pass.
     pub warm: Vec<Duration>,
@@ -140,9 +178,11 @@ pub struct TwinFaultTimes {
 
 /// Write faults on `pages` read-only pages of a heap of `size` bytes at `base` (any free range),
 /// with a treadmarks fault handler installed on this thread: every write takes the fast path
-/// (twin and unprotect in the handler). Pass 0 is cold; then `rounds` warm passes, and one more
-/// timed write by write. The pages are protected read-only again between passes. The heap
-/// and the handler are dropped at the end. Fails if a handler is installed already.
+/// (twin and unprotect in the handler). Their twin slots are backed up front, as a job's are
+/// (`Heap::reserve_twins`). Pass 0 writes pages never written (zero twins, no copy); then
+/// `rounds` warm passes copy every page to its twin, and one more is timed write by write. The
+/// pages are protected read-only again between passes. The heap and the handler are dropped at
+/// the end. Fails if a handler is installed already.
 pub fn twin_fault_times(
     base: usize,
     size: usize,
@@ -159,6 +199,7 @@ pub fn twin_fault_times(
         let reason = format!("{pages} pages do not fit the {size}-byte heap");
         return Err(MemError::InvalidArgument { op, reason });
     }
+    heap.reserve_twins(pages * ps);
     let handler = FaultHandler::install(heap.clone(), Doorbell::new()?)?;
     // This function's own heap: nobody else holds its page memory or its views.
     let tracker = BorrowTracker::claim(heap.clone()).expect("a fresh heap's tracker");
@@ -197,6 +238,11 @@ pub fn twin_fault_times(
         Ok((total, samples))
     };
     let (cold, _) = pass(1, false)?;
+    let zero_twins = heap.counters().zero_twins;
+    if zero_twins != pages as u64 {
+        let reason = format!("{zero_twins} zero twins in the first pass over {pages} pages");
+        return Err(MemError::InvalidArgument { op, reason });
+    }
     let warm = (0..rounds).map(|r| pass((2 + r) as u8, false).map(|p| p.0)).collect::<Result<_, _>>()?;
     let (_, per_write) = pass(1, true)?;
     drop(handler);

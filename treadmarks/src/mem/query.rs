@@ -5,8 +5,8 @@ use super::state;
 use crate::protocol::{Access, PageIdx};
 
 impl Heap {
-    /// Pages overlapping bytes `offset .. offset + len` of the heap that the application cannot
-    /// read now (invalid in its view). A snapshot: only the runtime changes states, and it makes
+    /// Pages overlapping bytes `offset .. offset + len` of the heap (those within it) that the
+    /// application cannot read now (invalid in its view). A snapshot: only the runtime changes states, and it makes
     /// pages invalid only while the application is inside a synchronization call.
     pub fn invalid_pages(&self, offset: u64, len: u64) -> Vec<PageIdx> {
         self.pages_with(offset, len, |a| a == Access::None)
@@ -18,18 +18,22 @@ impl Heap {
         state::to_access(state::load_stable(self.state(p.0)))
     }
 
-    /// Every page overlapping bytes `offset .. offset + len`, whatever its state.
+    /// Every page overlapping bytes `offset .. offset + len` (those within the heap), whatever
+    /// its state.
     pub fn overlapping_pages(&self, offset: u64, len: u64) -> Vec<PageIdx> {
         self.pages_with(offset, len, |_| true)
     }
 
+    /// The pages overlapping the bytes in the heap (the part of the range past its end has
+    /// none) whose access `keep` keeps.
     fn pages_with(&self, offset: u64, len: u64, keep: impl Fn(Access) -> bool) -> Vec<PageIdx> {
-        if len == 0 {
+        let end = offset.saturating_add(len).min(self.size() as u64);
+        if offset >= end {
             return Vec::new();
         }
         let ps = self.page_size() as u64;
-        let first = (offset / ps) as u32;
-        let last = ((offset + len - 1) / ps).min(u64::from(self.npages()) - 1) as u32;
+        // Both below `npages`, a `u32`: `end` is within the heap.
+        let (first, last) = ((offset / ps) as u32, ((end - 1) / ps) as u32);
         (first..=last).map(PageIdx).filter(|&p| keep(self.access(p))).collect()
     }
 }

@@ -127,8 +127,11 @@ impl BorrowTracker {
         let heap = &*self.heap;
         let bytes = h.len.checked_mul(size_of::<T>() as u64);
         let end = bytes.and_then(|b| h.offset.checked_add(b));
+        // Aligned where it lies in memory: the heap's base is only page-aligned, and a `Pod`
+        // type may be aligned more.
+        let address = (heap.app_base() as u64).wrapping_add(h.offset);
         match end {
-            Some(end) if end <= heap.size() as u64 && h.offset.is_multiple_of(align_of::<T>() as u64) => {
+            Some(end) if end <= heap.size() as u64 && address.is_multiple_of(align_of::<T>() as u64) => {
                 Ok((h.offset, end))
             }
             _ => Err(ViewError::OutOfBounds {

@@ -353,9 +353,12 @@ fn page_sharing_rule_on(backend: FaultBackend, slot: usize) {
 }
 
 #[test]
-fn probe_measures_a_positive_fault_cost() {
-    let ns = probe::bare_fault_ns(256).expect("probe");
-    assert!(ns > 0.0 && ns.is_finite(), "{ns}");
+fn probe_measures_a_positive_fault_cost_of_protection_faults_only() {
+    let bare = probe::bare_fault(256).expect("probe");
+    assert!(bare.ns_per_fault > 0.0 && bare.ns_per_fault.is_finite(), "{bare:?}");
+    // Its pages are backed before they are protected: a timed write allocates no page (were
+    // they the zero page, each of the 256 would).
+    assert!(bare.minor_faults < 64, "{bare:?}");
     assert!(probe::bare_fault_ns(0).is_err());
 }
 
@@ -461,6 +464,14 @@ fn twins_take_slots_in_the_order_pages_are_first_twinned_and_the_reserve_is_back
         heap.twin_page(5);
     })));
     assert!(msg.contains("page 5 was never twinned"), "{msg}");
+    // Setting the twin of a writable page never twinned is refused before its state is owned:
+    // the page stays writable, not `BUSY` (which every later fault on it would wait for).
+    pages.set_access(PageIdx(5), 1, Access::ReadWrite);
+    let msg = panic_message(catch_unwind(AssertUnwindSafe(|| {
+        pages.set_twin(PageIdx(5), &vec![0; page]);
+    })));
+    assert!(msg.contains("page 5 was never twinned"), "{msg}");
+    assert_eq!(heap.state(5).load(std::sync::atomic::Ordering::Acquire), state::READ_WRITE);
 }
 
 #[test]
@@ -518,4 +529,36 @@ fn a_snapshot_taken_while_the_page_is_written_holds_whole_words_and_becomes_its_
     pages.set_access(PageIdx(0), 1, Access::Read);
     let refused = catch_unwind(AssertUnwindSafe(|| pages.set_twin(PageIdx(0), &snap)));
     assert!(refused.is_err(), "set_twin of a read-only page");
+}
+
+#[test]
+fn a_view_is_aligned_where_it_lies_in_memory_not_only_in_the_heap() {
+    /// Aligned more than a page.
+    #[repr(C, align(8192))]
+    #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+    struct Block([u8; 4096], [u8; 4096]);
+    let page = crate::mem::heap::system_page_size();
+    // A base one page past a multiple of 8 KiB: offset 0 of the heap is not 8 KiB-aligned.
+    let l = HeapLayout { base: test_base(23) + page, size: 16 * page, protect: false };
+    let heap = Heap::map_with(l, FaultBackend::Mprotect).unwrap();
+    let tracker = crate::mem::BorrowTracker::claim(heap.clone()).unwrap();
+    let at = |offset: u64| crate::mem::Shared::<[Block]>::from_raw_parts(offset, 1);
+    let err = tracker.view(&at(0)).map(|v| v.len()).expect_err("a misaligned view");
+    assert!(matches!(err, crate::mem::ViewError::OutOfBounds { offset: 0, .. }), "{err:?}");
+    assert_eq!(tracker.view(&at(page as u64)).map(|v| v.len()).unwrap(), 1, "aligned in memory");
+}
+
+#[test]
+fn page_queries_name_only_pages_within_the_heap_whatever_the_range() {
+    let heap = Heap::map_with(layout(24, 4), FaultBackend::Mprotect).unwrap();
+    let size = heap.size() as u64;
+    let pages =
+        |offset: u64, len: u64| heap.overlapping_pages(offset, len).iter().map(|p| p.0).collect::<Vec<_>>();
+    assert_eq!(pages(size - 1, 1), [3], "the last byte");
+    assert_eq!(pages(0, u64::MAX), [0, 1, 2, 3], "a range past the end");
+    assert_eq!(pages(u64::MAX, 2), [] as [u32; 0], "a range that wraps around");
+    assert_eq!(pages(size, 1), [] as [u32; 0]);
+    assert_eq!(pages(1 << 44, 1), [] as [u32; 0], "an offset whose page number overflows a u32");
+    assert_eq!(pages(5, 0), [] as [u32; 0]);
+    assert!(heap.invalid_pages(0, u64::MAX).is_empty(), "a fresh heap's pages are valid");
 }
