@@ -62,20 +62,20 @@ fn run() -> Result<()> {
         None => connect(port)?,
     };
 
-    // Fresh regions for the fetch case (one per round, round 0 included), and one reread every
-    // round.
-    let largest = SIZES.iter().max().copied().unwrap_or(0);
+    // Each size's own regions: fresh ones for the fetch case (one per round, round 0 included),
+    // and one reread every round.
     let words = page / 8;
     let regions = rounds as usize + 2;
     let mut data: Shared<[u64]> = Shared::from_raw_parts(0, 0);
     if me == 0 {
-        data = tmk.alloc_pages::<u64>(largest * words * regions)?;
+        data = tmk.alloc_pages::<u64>(SIZES.iter().sum::<usize>() * regions * words)?;
     }
     tmk.distribute(&mut data)?;
 
     let mut rows = Vec::new();
-    for pages in SIZES {
-        let region = |r: usize| data.slice(r * largest * words, (r * largest + pages) * words);
+    for (size, pages) in SIZES.into_iter().enumerate() {
+        let first = SIZES[..size].iter().sum::<usize>() * regions;
+        let region = |r: usize| data.slice((first + r * pages) * words, (first + (r + 1) * pages) * words);
         let (mut fetch, mut reread, mut wire) = (Vec::new(), Vec::new(), Vec::new());
         let before = tmk.stats()?.protocol.diff_bytes_applied;
         for round in 0..=rounds {
@@ -89,10 +89,15 @@ fn run() -> Result<()> {
                 }
                 tmk.barrier(0)?;
                 if me == 0 {
+                    let misses = tmk.stats()?.protocol.view_misses;
                     let t = Instant::now();
                     let sum: u64 = tmk.view(&part)?.iter().fold(0, |a, &x| a.wrapping_add(x));
                     let d = t.elapsed();
                     std::hint::black_box(sum);
+                    let misses = tmk.stats()?.protocol.view_misses - misses;
+                    if case == 0 && misses != pages as u64 {
+                        return Err(format!("a fetch of {pages} fresh pages missed on {misses}").into());
+                    }
                     if round > 0 {
                         if case == 0 { &mut fetch } else { &mut reread }.push(d);
                     }

@@ -559,8 +559,8 @@ impl Pages {
 
 /// Per iteration, with a fresh page k: node 1 writes one word into page k, barrier (node 0
 /// learns of the write and invalidates page k), node 0 (after pausing `settle`, if given) times
-/// the first read of page k (a miss served by one diff from node 1) and checks the value,
-/// barrier.
+/// the first read of page k (a fault handed to the runtime, a miss served by one diff from
+/// node 1) and checks the value, barrier. Node 0 checks that every read faulted.
 fn diff_miss(
     tmk: &mut Tmk,
     pages: &mut Pages,
@@ -572,6 +572,7 @@ fn diff_miss(
     let marker = |k: usize| 0xD1FF_0000_0000_0000 | k as u64;
     let mut rec = Recorder::start(tmk, acc)?;
     let mut wrong = Vec::new();
+    let handoffs_before = tmk.stats()?.fault_handoffs;
     for _ in 0..n {
         let (k, page) = pages.take();
         if me == 1 {
@@ -583,7 +584,8 @@ fn diff_miss(
                 std::thread::sleep(d);
             }
             let t = Instant::now();
-            let v = tmk.view(&page)?;
+            // No part declared: the view fetches nothing, the read faults (as a raw pointer's).
+            let v = tmk.view_parts(&page, std::iter::empty())?;
             let got = black_box(v[0]);
             let dt = t.elapsed();
             drop(v);
@@ -596,6 +598,10 @@ fn diff_miss(
     }
     if !wrong.is_empty() {
         return Err(format!("diff_miss read wrong values: {}", wrong.join("; ")).into());
+    }
+    let handoffs = tmk.stats()?.fault_handoffs - handoffs_before;
+    if me == 0 && handoffs != n {
+        return Err(format!("diff_miss: {handoffs} faults handed to the runtime for {n} misses").into());
     }
     rec.finish(tmk, n)
 }

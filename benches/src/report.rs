@@ -65,7 +65,7 @@ pub fn figures_table(f: &FaultCosts, r: &JobReport, fault_iters: (usize, usize))
     line(row("ping", "", &r.ping.time, "tmk.ping(1)"));
     line(row("lock", "", &r.lock.time, "lock_acquire(1), token at node 1 (manager)"));
     line(row("barrier", "", &r.barrier.time, &format!("barrier(0), {n} nodes")));
-    line(row("diff_miss", "", &r.diff_miss.time, "first read of a page, 1 diff"));
+    line(row("diff_miss", "", &r.diff_miss.time, "first read of a page: fault, 1 diff"));
     let settle = format!("{} µs", crate::job::SETTLE.as_micros());
     line(row("lock_settled", "", &r.lock_settled.time, &format!("info: lock, node 0 idles {settle} first")));
     line(row(

@@ -11,7 +11,9 @@
 //!   `writers[q]` a second handle of it (writes, from another thread), `None` for `q == me`.
 //! - Every wait is bounded: connections time out after [`TIMEOUT`], reads and writes too, so a
 //!   rank whose peer died exits with an error instead of hanging.
-//! - Rank 0 reaps its children in [`Mesh::finish`] and reports any that failed; a child whose
+//! - Rank 0 reaps its children in [`Mesh::finish`] and reports any that failed; on any early
+//!   return, from the start-up on, they are killed and reaped (`Ranks`). A child that exits
+//!   before it joins fails the start-up at once, by its rank and exit status. A child whose
 //!   rank 0 died sees its connection close and exits with an error.
 
 use std::io::{self, Read, Write};
@@ -23,6 +25,8 @@ use std::time::{Duration, Instant};
 pub const RANK_ENV: &str = "MESH_RANK";
 /// Environment variable naming rank 0's port, for the ranks it starts.
 pub const ROOT_ENV: &str = "MESH_ROOT";
+/// For the tests: the rank named here exits (status 3) before it joins the mesh.
+pub const TEST_EXIT_ENV: &str = "MESH_TEST_EXIT_RANK";
 /// Longest wait for a connection, a read or a write.
 pub const TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -32,7 +36,37 @@ pub struct Mesh {
     me: usize,
     peers: Vec<Option<TcpStream>>,
     writers: Vec<Option<TcpStream>>,
-    children: Vec<Child>,
+    children: Ranks,
+}
+
+/// The ranks rank 0 started (`children[k]` is rank `k + 1`): killed and reaped when dropped,
+/// unless [`Mesh::finish`] reaped them first.
+#[derive(Debug, Default)]
+struct Ranks(Vec<Child>);
+
+impl Ranks {
+    /// Fails if a rank has exited already (before the mesh is complete, any exit is a failure).
+    fn check_running(&mut self) -> io::Result<()> {
+        for (k, child) in self.0.iter_mut().enumerate() {
+            if let Some(status) = child.try_wait()? {
+                return Err(invalid(format!(
+                    "rank {} ended with {status} before the mesh was complete",
+                    k + 1
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Ranks {
+    /// Rank 0 leaving early (an error) takes its children with it.
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 impl Mesh {
@@ -52,7 +86,7 @@ impl Mesh {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
         let port = listener.local_addr()?.port();
         let mut peers: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
-        let mut children = Vec::new();
+        let mut children = Ranks::default();
         let me = match std::env::var(RANK_ENV) {
             Err(_) => {
                 for rank in 1..n {
@@ -64,11 +98,11 @@ impl Mesh {
                         .env(RANK_ENV, rank.to_string())
                         .env(ROOT_ENV, port.to_string())
                         .spawn();
-                    children.push(cmd?);
+                    children.0.push(cmd?);
                 }
                 let mut ports = vec![port; n];
                 for _ in 1..n {
-                    let mut s = accept(&listener)?;
+                    let mut s = accept(&listener, &mut children)?;
                     let hello = read_u32s(&mut s, 2)?;
                     let (rank, their_port) = (hello[0] as usize, hello[1] as u16);
                     if rank == 0 || rank >= n || peers[rank].is_some() {
@@ -84,6 +118,9 @@ impl Mesh {
                 0
             }
             Ok(rank) => {
+                if std::env::var(TEST_EXIT_ENV).is_ok_and(|r| r == rank) {
+                    std::process::exit(3);
+                }
                 let me: usize = rank.parse().map_err(|_| invalid(format!("bad {RANK_ENV} {rank:?}")))?;
                 let root: u16 = std::env::var(ROOT_ENV)
                     .ok()
@@ -99,7 +136,7 @@ impl Mesh {
                     peers[q] = Some(s);
                 }
                 for _ in me + 1..n {
-                    let mut s = accept(&listener)?;
+                    let mut s = accept(&listener, &mut children)?;
                     let q = read_u32s(&mut s, 1)?[0] as usize;
                     if q <= me || q >= n || peers[q].is_some() {
                         return Err(invalid(format!("rank {me} was called by a rank {q}")));
@@ -177,7 +214,7 @@ impl Mesh {
         drop(std::mem::take(&mut self.peers));
         drop(std::mem::take(&mut self.writers));
         let deadline = Instant::now() + TIMEOUT;
-        for (k, child) in self.children.iter_mut().enumerate() {
+        for (k, child) in self.children.0.iter_mut().enumerate() {
             let status = loop {
                 if let Some(status) = child.try_wait()? {
                     break status;
@@ -196,21 +233,12 @@ impl Mesh {
     }
 }
 
-impl Drop for Mesh {
-    /// Rank 0 leaving early (an error) takes its children with it.
-    fn drop(&mut self) {
-        for child in &mut self.children {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
 fn invalid(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg)
 }
 
-fn accept(listener: &TcpListener) -> io::Result<TcpStream> {
+/// The next rank to connect, within [`TIMEOUT`]; fails at once if one of `children` exits.
+fn accept(listener: &TcpListener, children: &mut Ranks) -> io::Result<TcpStream> {
     listener.set_nonblocking(true)?;
     let deadline = Instant::now() + TIMEOUT;
     loop {
@@ -221,6 +249,7 @@ fn accept(listener: &TcpListener) -> io::Result<TcpStream> {
                 return Ok(s);
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                children.check_running()?;
                 std::thread::sleep(Duration::from_millis(1));
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {

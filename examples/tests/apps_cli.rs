@@ -78,6 +78,11 @@ fn bad_command_lines_are_refused_by_name() {
             &["-n", "2", "--mode", "mp", "--bits", "17"][..],
             "radix: --bits 17 is not from 1 to 16",
         ),
+        (
+            env!("CARGO_BIN_EXE_radix"),
+            &["--mode", "seq", "--keys", "18446744073709551615"][..],
+            "radix: --keys 18446744073709551615 does not fit in a u32",
+        ),
     ] {
         let out = run(exe, args);
         assert_eq!(out.code, Some(2), "{args:?}: {out:#?}");
@@ -91,4 +96,30 @@ fn bad_command_lines_are_refused_by_name() {
     let out = Job::spawn(cmd).wait(Duration::from_secs(60));
     assert_eq!(out.code, Some(2), "sor with TMK_SPIN_US=soon: {out:#?}");
     assert!(out.stderr.contains("bad value \"soon\" for TMK_SPIN_US"), "{out:#?}");
+}
+
+/// A rank of `radix --mode mp` that exits before it joins the mesh fails the start-up at once,
+/// by its rank, and rank 0 takes the ranks it started with it (none is left running).
+#[test]
+fn a_message_passing_rank_lost_at_start_up_is_named_and_nobody_is_left() {
+    let tag = format!("apps-cli-mesh-{}", std::process::id());
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_radix"));
+    cmd.args(["-n", "3", "--mode", "mp", "--keys", "4096"]);
+    cmd.env(treadmarks_examples::mesh::TEST_EXIT_ENV, "2").env("APPS_CLI_TAG", &tag);
+    // Well inside the mesh's own 60 s wait for a rank.
+    let out = Job::spawn(cmd).wait(Duration::from_secs(30));
+    assert_eq!(out.code, Some(1), "{out:#?}");
+    let message = "rank 2 ended with exit status: 3 before the mesh was complete";
+    assert!(out.stderr.contains(message), "should say {message:?}: {out:#?}");
+    let left: Vec<_> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read(e.path().join("environ")).is_ok_and(|env| {
+                env.split(|&b| b == 0).any(|var| var == format!("APPS_CLI_TAG={tag}").as_bytes())
+            })
+        })
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "ranks left running: {left:?}");
 }

@@ -288,22 +288,35 @@ fn message_passing(s: &Size, mesh: &mut Mesh, n: usize) -> std::io::Result<(f64,
     Ok((secs, me != 0 || whole.concat() == expected(s)))
 }
 
+/// The CPUs rank 0 claimed for the ranks (rank `r` runs on the `r`-th), as a DSM launcher's
+/// nodes hear theirs.
+const MP_CPUS_ENV: &str = "RADIX_MP_CPUS";
+
 /// `--mode mp`: the mesh, the sort, the result line (rank 0) and the verdict.
 fn main_mp(s: &Size, config: &treadmarks::Config) -> ExitCode {
     let run = || -> Result<bool, String> {
-        use treadmarks::mem::sched::{CpuClaim, CpuClaims, allowed_cpus, pin_to_cpu};
+        use treadmarks::mem::sched::{CpuClaim, CpuClaims, allowed_cpus, pin_to, pin_to_cpu};
         let n = config.nprocs as usize;
         // Pinned as a DSM job is, only where no other job holds the CPUs: the first rank
-        // claims them (for the life of the run) and tells the others.
+        // claims them (for the life of the run) and tells the others which they are.
         let claim =
             (config.pin.is_none() && Mesh::starts_here()).then(|| CpuClaims::take(allowed_cpus().min(n)));
         let pin = config.pin.or(claim.as_ref().and_then(CpuClaim::pin));
-        let _claims = claim.and_then(CpuClaim::into_claims);
-        let env: Vec<(&str, &str)> =
+        let claims = claim.and_then(CpuClaim::into_claims);
+        let claimed =
+            claims.as_ref().map(|c| c.cpus().iter().map(usize::to_string).collect::<Vec<_>>().join(","));
+        let mut env: Vec<(&str, &str)> =
             pin.map(|p| ("TMK_PIN", if p { "1" } else { "0" })).into_iter().collect();
+        env.extend(claimed.as_deref().map(|cpus| (MP_CPUS_ENV, cpus)));
+        let cpus: Option<Vec<usize>> =
+            if Mesh::starts_here() { claimed.clone() } else { std::env::var(MP_CPUS_ENV).ok() }
+                .and_then(|list| list.split(',').map(|c| c.parse().ok()).collect());
         let mut mesh = Mesh::start_with(n, &env).map_err(|e| format!("cannot start the mesh: {e}"))?;
         if pin.unwrap_or(true) {
-            pin_to_cpu(mesh.rank());
+            match cpus.as_deref() {
+                Some(cpus) if !cpus.is_empty() => pin_to(cpus[mesh.rank() % cpus.len()]),
+                _ => pin_to_cpu(mesh.rank()),
+            };
         }
         let (secs, ok) =
             message_passing(s, &mut mesh, n).map_err(|e| format!("rank {}: {e}", mesh.rank()))?;
@@ -329,6 +342,9 @@ fn size(args: &Args) -> Result<Size, String> {
     let s = Size { keys: args.get("keys"), bits: args.get("bits"), seed: args.get("seed") };
     if !(1..=16).contains(&s.bits) {
         return Err(format!("--bits {} is not from 1 to 16", s.bits));
+    }
+    if s.keys > u32::MAX as usize {
+        return Err(format!("--keys {} does not fit in a u32", s.keys));
     }
     Ok(s)
 }
