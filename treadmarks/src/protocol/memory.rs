@@ -149,6 +149,8 @@ pub struct VecMemory {
     pages: Vec<Vec<u8>>,
     twins: Vec<Option<Vec<u8>>>,
     access: Vec<Access>,
+    /// Frozen ([`PageMemory::freeze`]) since the page's protection last changed.
+    frozen: Vec<bool>,
     /// How many times [`PageMemory::back`] covered each page.
     backed: Vec<u32>,
     /// How many protection changes ([`PageMemory::set_access`], [`PageMemory::freeze`]) each page
@@ -206,6 +208,7 @@ impl VecMemory {
             pages: vec![vec![0; page_size]; npages as usize],
             twins: vec![None; npages as usize],
             access: vec![access; npages as usize],
+            frozen: vec![false; npages as usize],
             backed: vec![0; npages as usize],
             changes: vec![0; npages as usize],
             invalidating_calls: 0,
@@ -255,6 +258,7 @@ impl VecMemory {
     fn protect(&mut self, first: PageIdx, count: u32, access: Access) {
         self.invalidating_calls += u32::from(access == Access::None);
         let pages = first.idx()..first.idx() + count as usize;
+        self.frozen[pages.clone()].fill(false);
         for (a, c) in self.access[pages.clone()].iter_mut().zip(&mut self.changes[pages]) {
             *c += u32::from(*a != access);
             *a = access;
@@ -355,8 +359,10 @@ impl PageMemory for VecMemory {
     fn freeze(&mut self, first: PageIdx, count: u32) {
         // The simulated application runs in the middle of a protocol step only at a revocation
         // or a copy (`arm_store`), never reading a frozen page, so a frozen page may as well be
-        // invalid.
+        // invalid to it; but the application may read a frozen page (the heap's stays
+        // readable), so the runtime must not write one: `page_mut` refuses it.
         self.set_access(first, count, Access::None);
+        self.frozen[first.idx()..first.idx() + count as usize].fill(true);
     }
 
     fn page(&self, p: PageIdx) -> &[u8] {
@@ -367,6 +373,7 @@ impl PageMemory for VecMemory {
 
     fn page_mut(&mut self, p: PageIdx) -> &mut [u8] {
         assert_eq!(self.access[p.idx()], Access::None, "runtime write of accessible {p}");
+        assert!(!self.frozen[p.idx()], "runtime write of frozen {p} (the application may read it)");
         &mut self.pages[p.idx()]
     }
 
