@@ -187,6 +187,11 @@ impl<M: PageMemory> Node<M> {
         Ok(())
     }
 
+    /// Whether node `n` waits at the episode open at the manager (this node).
+    pub(crate) fn arrived_at_open_barrier(&self, n: NodeId) -> bool {
+        self.barrier.arrived[n.idx()].is_some()
+    }
+
     /// The barrier an episode is open at (at the manager), and the first node waiting there.
     pub(crate) fn open_barrier(&self) -> Option<(BarrierId, NodeId)> {
         let waiting = self.barrier.arrived.iter().position(Option::is_some)?;

@@ -237,10 +237,11 @@ impl<M: PageMemory> Node<M> {
                     return Ok(());
                 }
                 self.distribute_waits[from.idx()] = Some(seq);
-                // At a barrier not yet released (released, node 0 is on its way out of it: the
-                // waiting node passed it first), or in exit.
+                // At a barrier it has arrived at and not released (released, node 0 is on its way
+                // out of it: the waiting node passed it first, and others may have arrived at the
+                // next barrier already), or in exit.
                 let root = match self.pending {
-                    Pending::Barrier(b) if self.open_barrier().is_some() => Some(format!("at {b}")),
+                    Pending::Barrier(b) if self.arrived_at_open_barrier(ROOT) => Some(format!("at {b}")),
                     Pending::Exit => Some("in exit".into()),
                     _ => None,
                 };

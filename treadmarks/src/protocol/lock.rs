@@ -86,6 +86,8 @@ pub struct LockState {
     pub next: Option<LockAsk>,
     /// Meaningful on the lock's manager only.
     pub tail: Tail,
+    /// Noted in `Node::interval_locks`: held during the open interval.
+    pub in_interval: bool,
 }
 
 impl LockState {
@@ -99,6 +101,7 @@ impl LockState {
             requests: 0,
             next: None,
             tail: Tail { node: manager, request: None },
+            in_interval: false,
         }
     }
 }
@@ -148,7 +151,7 @@ impl<M: PageMemory> Node<M> {
         self.locks[lock.idx()].held = true;
         self.stats.lock_acquires_local += 1;
         self.held_locks.push(lock);
-        self.interval_locks.push(lock);
+        self.note_interval_lock(lock);
     }
 
     /// The application acquires `lock`; completes with [`AppDone::Acquired`].
@@ -454,7 +457,7 @@ impl<M: PageMemory> Node<M> {
             self.stats.lock_tokens_received += 1;
         }
         self.held_locks.push(lock);
-        self.interval_locks.push(lock);
+        self.note_interval_lock(lock);
         self.pending = Pending::None;
         self.done.push_back(AppDone::Acquired(lock));
         Ok(())

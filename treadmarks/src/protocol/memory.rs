@@ -18,9 +18,10 @@
 //!   [`PageMemory::revoke`], which returns what the fast path made of it meanwhile:
 //!   [`PageMemory::set_access`] or [`PageMemory::freeze`] would not say that the page had become
 //!   writable and twinned, nor that a store went in. [`VecMemory`] checks this too.
-//! - [`PageMemory::page_mut`] writes them: only while the application has no access (`None`).
-//!   The application thread is then either inside a synchronization call or blocked in a fault on
-//!   that very page, so it cannot observe a half-applied diff.
+//! - [`PageMemory::page_mut`] writes them: only while the application has no access (`None`,
+//!   not frozen: a frozen page stays readable), so it cannot observe a half-applied diff: a
+//!   load of the page faults and waits (the application may run meanwhile, as while a
+//!   streaming view's pages arrive).
 //! - The one read of a page the application may be writing at the same time is
 //!   [`PageMemory::snapshot`] of a `ReadWrite` page, whose copy then becomes the page's twin
 //!   ([`PageMemory::set_twin`]): every byte is read once, so each byte of the copy is a value

@@ -153,7 +153,8 @@ pub struct Node<M> {
     pub(crate) snapshot: Vec<u8>,
     pub(crate) diff_seq: u64,
     pub(crate) locks: Vec<LockState>,
-    /// Locks held at some point during the open interval.
+    /// Locks held at some point during the open interval, each once (`LockState::in_interval`):
+    /// a lock taken again and again while nothing is recorded is noted once.
     pub(crate) interval_locks: Vec<LockId>,
     /// Locks held now (those whose `held` is set; a closing interval hands them to the next
     /// one without scanning every lock).
@@ -577,12 +578,24 @@ impl<M: PageMemory> Node<M> {
             pages: fresh,
             locks: std::mem::take(&mut self.interval_locks),
         };
+        for l in &rec.locks {
+            self.locks[l.idx()].in_interval = false;
+        }
         self.stats.intervals += 1;
         self.stats.write_notices_made += rec.pages.len() as u64;
         self.acct.record_bytes += Accounting::record_size(&rec);
         self.log.push(rec);
         self.note_peak();
-        self.interval_locks.clone_from(&self.held_locks);
+        for i in 0..self.held_locks.len() {
+            self.note_interval_lock(self.held_locks[i]);
+        }
+    }
+
+    /// Notes that `lock` is held during the open interval.
+    pub(crate) fn note_interval_lock(&mut self, lock: LockId) {
+        if !std::mem::replace(&mut self.locks[lock.idx()].in_interval, true) {
+            self.interval_locks.push(lock);
+        }
     }
 
     /// Takes in remote interval records (from a lock grant or a barrier): closes our open
