@@ -80,6 +80,16 @@ enum Op {
     /// Validate pages `first .. first + count` for writing, declaring page `whole` (one of them,
     /// owned whole by this node in this phase) overwritten; the program writes all its words next.
     Overwrite(u32, u32, u32),
+    /// The `k`-th distribute: node 0 sends [`distributed`]`(k)`, the others take it, at the
+    /// start of the same phase or of the next (values are kept until taken).
+    Distribute(u32),
+}
+
+/// The bytes of the `k`-th distributed value.
+fn distributed(k: u32) -> Vec<u8> {
+    let mut bytes = k.to_le_bytes().to_vec();
+    bytes.resize(1 + k as usize % 7, 0xD1);
+    bytes
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -118,7 +128,24 @@ struct Shape {
 fn generate(rng: &mut Rng, s: &Shape) -> Vec<Vec<Op>> {
     let mut progs = vec![Vec::new(); s.n];
     let mut counter = 0u32;
+    // Distributes: node 0's at the start of a phase; each other node's then or at the start of
+    // the next phase (`late`), in order.
+    let (mut distributes, mut late) = (0, vec![Vec::new(); s.n]);
     for phase in 0..s.phases {
+        for (me, prog) in progs.iter_mut().enumerate() {
+            prog.extend(late[me].drain(..).map(Op::Distribute));
+        }
+        if rng.chance(30) {
+            let k = distributes;
+            distributes += 1;
+            for (me, prog) in progs.iter_mut().enumerate() {
+                if me == 0 || rng.chance(50) {
+                    prog.push(Op::Distribute(k));
+                } else {
+                    late[me].push(k);
+                }
+            }
+        }
         let mut roles: Vec<Role> = (0..s.words)
             .map(|_| match rng.below(10) {
                 0..=3 => Role::Owner(rng.below(s.n as u64) as usize),
@@ -192,7 +219,8 @@ fn generate(rng: &mut Rng, s: &Shape) -> Vec<Vec<Op>> {
             prog.push(Op::Barrier(BarrierId((phase % 3) as u32)));
         }
     }
-    for prog in &mut progs {
+    for (me, prog) in progs.iter_mut().enumerate() {
+        prog.extend(late[me].drain(..).map(Op::Distribute));
         prog.extend((0..s.words).map(Op::Read));
     }
     progs
@@ -264,7 +292,7 @@ struct Sim {
     n: usize,
     seed: u64,
     /// Validations that completed without a message, as `Node::validates_locally` predicted.
-    views: Views,
+    app_ops: AppOps,
     /// Stores that ran in the middle of a service step ([`Sim::service`]).
     mid_stores: MidStores,
     /// Per-link delivery weights (0: stalled for now); empty: every link and node alike.
@@ -341,7 +369,7 @@ impl Sim {
             hb: s.racy.then(|| Hb::new(s.n, s.nlocks as usize, s.words as usize)),
             n: s.n,
             seed,
-            views: Views::default(),
+            app_ops: AppOps::default(),
             mid_stores: MidStores::default(),
             skew,
             fuzz_at: None,
@@ -398,6 +426,13 @@ impl Sim {
                         );
                     }
                 }
+            }
+            if let AppDone::Distributed(got) = &done {
+                let Op::Distribute(k) = sn.prog[sn.pc] else {
+                    panic!("seed {seed}: node {i}: {done:?} unasked")
+                };
+                assert_eq!(*got, distributed(k), "seed {seed}: node {i}: distribute {k}");
+                self.app_ops.distributes += 1;
             }
             match done {
                 // Settled: the synchronization it preceded runs next.
@@ -536,9 +571,14 @@ impl Sim {
                 sn.blocked = true;
                 self.core(i, |n| n.request_settle());
             }
-            Op::Barrier(_) if sn.node.streaming() => {
+            Op::Barrier(_) | Op::Distribute(_) if sn.node.streaming() => {
                 sn.blocked = true;
                 self.core(i, |n| n.request_settle());
+            }
+            Op::Distribute(k) => {
+                sn.blocked = true;
+                let value = (i == 0).then(|| distributed(k));
+                self.core(i, |n| n.request_distribute(value));
             }
             Op::Acquire(l) if sn.node.token_here(l) && self.rng.chance(50) => {
                 // As the runtime does on the application thread: done at once, no completion.
@@ -584,13 +624,13 @@ impl Sim {
                 // The runtime runs a validation on the application thread when the node says it
                 // needs no message: it must then complete at once.
                 let local = sn.node.validates_locally(&pages);
-                self.views.under_lock += u64::from(!sn.node.held_locks.is_empty());
+                self.app_ops.views_under_lock += u64::from(!sn.node.held_locks.is_empty());
                 self.core(i, |n| n.request_validate(&pages, write));
                 assert!(
                     !local || !self.nodes[i].blocked,
                     "seed {seed}: node {i}: validation of {pages:?} said local but did not complete at once"
                 );
-                self.views.local += u64::from(local);
+                self.app_ops.local_views += u64::from(local);
             }
             Op::Overwrite(first, count, whole) => {
                 sn.blocked = true;
@@ -907,11 +947,11 @@ fn walk_shape(seed: u64) -> Shape {
     }
 }
 
-fn run_seed(seed: u64) -> (Vec<ProtocolStats>, Views, MidStores) {
+fn run_seed(seed: u64) -> (Vec<ProtocolStats>, AppOps, MidStores) {
     run_shape(seed, program_shape(seed))
 }
 
-fn run_walk_seed(seed: u64) -> (Vec<ProtocolStats>, Views, MidStores) {
+fn run_walk_seed(seed: u64) -> (Vec<ProtocolStats>, AppOps, MidStores) {
     run_shape(seed, walk_shape(seed))
 }
 
@@ -923,19 +963,21 @@ struct MidStores {
     during_snapshot: u64,
 }
 
-/// Views (validations) the simulated applications took: those that needed no message (run on
-/// the application thread), and those taken holding a lock (their twins made ahead are
-/// noticed in the lock's interval).
+/// Operations of the simulated applications worth counting: views (validations) that needed
+/// no message (run on the application thread), views taken holding a lock (their twins made
+/// ahead are noticed in the lock's interval), and distributed values taken.
 #[derive(Debug, Default, Clone, Copy)]
-struct Views {
-    local: u64,
-    under_lock: u64,
+struct AppOps {
+    local_views: u64,
+    views_under_lock: u64,
+    distributes: u64,
 }
 
-impl std::ops::AddAssign for Views {
-    fn add_assign(&mut self, o: Views) {
-        self.local += o.local;
-        self.under_lock += o.under_lock;
+impl std::ops::AddAssign for AppOps {
+    fn add_assign(&mut self, o: AppOps) {
+        self.local_views += o.local_views;
+        self.views_under_lock += o.views_under_lock;
+        self.distributes += o.distributes;
     }
 }
 
@@ -946,10 +988,10 @@ impl std::ops::AddAssign for MidStores {
     }
 }
 
-/// Runs one simulation; returns every node's counters, the views the applications took and
-/// the stores that ran in the middle of a service step.
-fn run_shape(seed: u64, shape: Shape) -> (Vec<ProtocolStats>, Views, MidStores) {
-    run_sim(seed, shape, |sim| (sim.stats(), sim.views, sim.mid_stores))
+/// Runs one simulation; returns every node's counters, what the applications did and the
+/// stores that ran in the middle of a service step.
+fn run_shape(seed: u64, shape: Shape) -> (Vec<ProtocolStats>, AppOps, MidStores) {
+    run_sim(seed, shape, |sim| (sim.stats(), sim.app_ops, sim.mid_stores))
 }
 
 /// Runs one simulation and returns what `take` reads from it at the end; a failure names the
@@ -1016,7 +1058,7 @@ fn random_data_race_free_programs_read_sequentially_consistent_values() {
         return;
     }
     let mut totals = ProtocolStats::default();
-    let (mut views, mut mid) = (Views::default(), MidStores::default());
+    let (mut app_ops, mut mid) = (AppOps::default(), MidStores::default());
     // The suite runs 5,000 seeds (`seeds`).
     // Seeds past the usual range that once failed, run every time. 171,461: a copy of a page a
     // collection dropped, from a node that had overwritten it whole, was taken as holding that
@@ -1024,20 +1066,23 @@ fn random_data_race_free_programs_read_sequentially_consistent_values() {
     // was applied over it (`Node::serve_page`).
     for seed in seeds(5000).chain([171_461]) {
         let (stats, local, m) = run_seed(seed);
-        views += local;
+        app_ops += local;
         mid += m;
         for s in &stats {
             totals += s;
         }
     }
     eprintln!(
-        "sim totals: {totals:?}, views: {views:?}, stores in a \
+        "sim totals: {totals:?}, {app_ops:?}, stores in a \
          service step: {mid:?}"
     );
     if seeds(5000).count() < 5000 {
         return; // a hunt through a short range: the coverage below is for the suite's runs
     }
-    assert!(views.local > 1000 && views.under_lock > 500, "{views:?}");
+    assert!(
+        app_ops.local_views > 1000 && app_ops.views_under_lock > 500 && app_ops.distributes > 1000,
+        "{app_ops:?}"
+    );
     assert!(
         mid.fast_path > 40 && mid.during_snapshot > 40,
         "stores in the middle of a service step: {mid:?}"
