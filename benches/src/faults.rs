@@ -18,7 +18,7 @@ pub struct FaultCosts {
     pub bare: Summary,
     /// The fast path: write fault on a read-only heap page, twin copy, `mprotect`, warm pages.
     pub twin: Summary,
-    /// The same on the first pass, while the twin area is touched for the first time.
+    /// The same on the first pass, over pages never written: their twins are zeros, not copies.
     pub twin_cold: Summary,
 }
 
@@ -42,8 +42,8 @@ pub fn bare_fault(pages: usize, rounds: usize) -> Result<Summary> {
 /// Write faults through the treadmarks fault handler's fast path (twin and unprotect in the
 /// handler), on `pages` pages of a heap of its own at [`TWIN_HEAP_BASE`]
 /// (`treadmarks::mem::probe::twin_fault_times`): `rounds` warm passes timed as a whole (the
-/// mean), one more write by write (the median), and the cold first pass. Returns the warm and
-/// the cold figures.
+/// mean), one more write by write (the median), and the first pass over never-written pages
+/// (zero twins). Returns the warm and the first pass's figures.
 pub fn twin_fault(pages: usize, rounds: usize) -> Result<(Summary, Summary)> {
     let t = probe::twin_fault_times(TWIN_HEAP_BASE, TWIN_HEAP_SIZE, pages, rounds)?;
     let per = |d: Duration, n: usize| d.as_secs_f64() * 1e6 / n as f64;

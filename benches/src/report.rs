@@ -59,7 +59,12 @@ pub fn figures_table(f: &FaultCosts, r: &JobReport, fault_iters: (usize, usize))
     let faults = format!("{rounds}x{pages}");
     line(row("bare_fault", &faults, &f.bare, "write fault, handler only mprotects (library probe)"));
     line(row("twin_fault", &faults, &f.twin, "fast path: twin copy + mprotect in the handler"));
-    line(row("twin_fault_cold", &pages.to_string(), &f.twin_cold, "first pass: twin area touched first"));
+    line(row(
+        "twin_fault_cold",
+        &pages.to_string(),
+        &f.twin_cold,
+        "first pass: never-written pages, zero twins (no copy)",
+    ));
     let n = r.nprocs;
     line(row("raw_rtt", "", &r.raw_rtt, "64 B write + read, blocking TCP, node 0 <-> 1"));
     line(row("ping", "", &r.ping.time, "tmk.ping(1)"));
