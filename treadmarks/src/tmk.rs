@@ -460,7 +460,9 @@ impl Tmk {
     /// view (so before the next synchronization, which the view cannot outlive) before reading
     /// it: an element read before it is written may hold stale bytes (never undefined
     /// behaviour: the elements are `Pod`), and one left unwritten keeps them, for every node that
-    /// reads it later. Under a lock, or over fewer than 8 pages that would fault, this is
+    /// reads it later. Another node reading the parts while they are written (a data race) may
+    /// get those stale bytes too, older than writes it knows of: a copy of the page served
+    /// meanwhile holds them in place of the writes the overwrite supersedes. Under a lock, or over fewer than 8 pages that would fault, this is
     /// [`Tmk::view_mut_parts`].
     pub fn view_overwrite_parts<T: Pod>(
         &self,

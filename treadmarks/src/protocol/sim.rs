@@ -318,6 +318,8 @@ struct Sim {
     fuzz_exit_at: Option<u64>,
     /// Messages of the exit delivered so far.
     exit_messages: u64,
+    /// `TMK_SIM_TRACE` set: every operation, delivery and completion is printed.
+    trace: bool,
     /// Fuzzing: what the receiver did with the corrupted message.
     fuzzed: Option<Fuzzed>,
 }
@@ -393,6 +395,7 @@ impl Sim {
             fuzz_at: None,
             fuzz_exit_at: None,
             exit_messages: 0,
+            trace: std::env::var_os("TMK_SIM_TRACE").is_some(),
             fuzzed: None,
         }
     }
@@ -415,6 +418,9 @@ impl Sim {
             self.links[i * self.n + to.idx()].push_back(back);
         }
         while let Some(done) = sn.node.poll_done() {
+            if self.trace {
+                eprintln!("node {i} done: {done:?}");
+            }
             assert!(
                 sn.blocked || matches!(done, AppDone::FaultResolved(_) | AppDone::Exited),
                 "seed {seed}: node {i}: completion {done:?} while not blocked"
@@ -428,11 +434,12 @@ impl Sim {
                     _ => {}
                 }
                 // Every word of every page the node may read without a fault holds a value the
-                // application could read there now, read or not.
+                // application could read there now, read or not; but for pages another node is
+                // overwriting meanwhile (`Hb::overwriting`).
                 if matches!(done, AppDone::Acquired(_) | AppDone::BarrierPassed(_)) {
                     for w in 0..hb.hist.len() as u32 {
                         let (p, off) = locate(w);
-                        if sn.node.mem().access(p) == Access::None {
+                        if sn.node.mem().access(p) == Access::None || hb.overwriting(i, p) {
                             continue;
                         }
                         let got =
@@ -520,6 +527,9 @@ impl Sim {
     fn step_app(&mut self, i: usize) {
         let seed = self.seed;
         let op = self.nodes[i].prog[self.nodes[i].pc];
+        if self.trace {
+            eprintln!("node {i} pc {}: {op:?}", self.nodes[i].pc);
+        }
         let sn = &mut self.nodes[i];
         match op {
             Op::Read(w) => {
@@ -655,6 +665,7 @@ impl Sim {
                 sn.blocked = true;
                 let pages: Vec<PageIdx> = (first..first + count).map(PageIdx).collect();
                 let whole = [PageIdx(whole)];
+                self.hb.overwrite(i, whole[0]);
                 let local = sn.node.overwrites_locally(&pages, &whole);
                 self.core(i, |n| n.request_overwrite(&pages, &whole));
                 assert!(
@@ -748,6 +759,10 @@ impl Sim {
                         return self.deliver_corrupted(from, to, msg);
                     }
                     self.exit_messages += 1;
+                }
+                if self.trace {
+                    let shown = format!("{msg:?}");
+                    eprintln!("  {from} -> {to}: {}", &shown[..shown.len().min(400)]);
                 }
                 let lock_msg =
                     matches!(msg.kind(), MsgKind::LockRequest | MsgKind::LockForward | MsgKind::LockGrant);
@@ -1214,6 +1229,8 @@ struct Hb {
     episode: Vec<usize>,
     /// Per word, its writes in order: (value, node, the node's own clock then).
     hist: Vec<Vec<(u32, usize, u32)>>,
+    /// Pages declared overwritten: (page, node, the node's own clock then).
+    overwrites: Vec<(PageIdx, usize, u32)>,
     skipped_writes: u64,
     reads: u64,
     exact_reads: u64,
@@ -1228,6 +1245,7 @@ impl Hb {
             arrivals: Vec::new(),
             episode: vec![0; n],
             hist: vec![Vec::new(); words],
+            overwrites: Vec::new(),
             skipped_writes: 0,
             reads: 0,
             exact_reads: 0,
@@ -1267,6 +1285,19 @@ impl Hb {
             Self::join(&mut self.vc[i], v);
         }
         self.episode[i] += 1;
+    }
+    /// Node `i` declares page `p` overwritten: it writes every word of it next, without
+    /// fetching the writes it has not seen (`Node::request_overwrite`).
+    fn overwrite(&mut self, i: usize, p: PageIdx) {
+        self.overwrites.push((p, i, self.vc[i][i]));
+    }
+    /// Whether another node overwrites page `p` in an interval node `i` has not seen: until
+    /// it has, `i`'s copy of the page may hold that node's stale bytes where it has not written
+    /// yet (a copy of the page served meanwhile takes them, in place of writes the overwrite
+    /// supersedes, older than the words' last writes `i` knows of). Only a read that races with
+    /// the overwrite could see them: a data-race-free program reads none.
+    fn overwriting(&self, i: usize, p: PageIdx) -> bool {
+        self.overwrites.iter().any(|&(q, n, c)| q == p && n != i && !self.seen(i, n, c))
     }
     fn write_ok(&self, i: usize, w: usize) -> bool {
         self.hist[w].last().is_none_or(|&(_, n, c)| self.seen(i, n, c))
