@@ -21,8 +21,10 @@
 //! application's synchronization with vector clocks of its own, and every read must return the
 //! last write that happened before it or a later, concurrent one, never an older one. Values
 //! are unique and change one to four bytes of a word ([`value`]), so a lost or torn byte shows.
-//! Some programs take views under locks and distribute values (node 0 at a phase's start, the
-//! others then or a barrier later).
+//! Some programs take views under locks, distribute values (node 0 at a phase's start, the
+//! others then or a barrier later) and allocate and free parts of the heap (every allocation
+//! checked aligned, inside the heap and clear of the live ones); each ends in its exit, which
+//! other nodes may reach much later.
 //!
 //! While a node's service thread handles a message, its application may be running (it waits
 //! in no call into the runtime): the node's memory then refuses any read of a read-only page's
@@ -92,6 +94,11 @@ enum Op {
     /// The program's last operation: leave the job, while other nodes may still be running
     /// (and asking this one for diffs, or for locks it manages).
     Exit,
+    /// Allocate this many bytes of the shared heap, aligned to the second (node 0's allocator;
+    /// the heap is the programs' few pages, so it fills and allocations fail too).
+    Alloc(u64, u64),
+    /// Free this node's latest live allocation, if it has one.
+    Free,
 }
 
 /// The bytes of the `k`-th distributed value.
@@ -184,6 +191,13 @@ fn generate(rng: &mut Rng, s: &Shape) -> Vec<Vec<Op>> {
                 if rng.chance(10) {
                     let first = rng.below(u64::from(npages)) as u32;
                     prog.push(Op::Validate(first, 1 + rng.below(u64::from(npages - first)) as u32));
+                }
+                if rng.chance(5) {
+                    prog.push(if rng.chance(60) {
+                        Op::Alloc(1 + rng.below(64), 1 << rng.below(5))
+                    } else {
+                        Op::Free
+                    });
                 }
                 if !whole_pages.is_empty() && rng.chance(15) {
                     let q = whole_pages[rng.below(whole_pages.len() as u64) as usize];
@@ -318,6 +332,8 @@ struct Sim {
     fuzz_exit_at: Option<u64>,
     /// Messages of the exit delivered so far.
     exit_messages: u64,
+    /// The heap's live allocations, in the order they were made.
+    allocations: Vec<Allocation>,
     /// `TMK_SIM_TRACE` set: every operation, delivery and completion is printed.
     trace: bool,
     /// Fuzzing: what the receiver did with the corrupted message.
@@ -395,6 +411,7 @@ impl Sim {
             fuzz_at: None,
             fuzz_exit_at: None,
             exit_messages: 0,
+            allocations: Vec::new(),
             trace: std::env::var_os("TMK_SIM_TRACE").is_some(),
             fuzzed: None,
         }
@@ -453,6 +470,31 @@ impl Sim {
                         );
                     }
                 }
+            }
+            match (&done, sn.prog[sn.pc.min(sn.prog.len() - 1)]) {
+                (AppDone::Allocated(Ok(offset)), Op::Alloc(bytes, align)) => {
+                    let a = Allocation { node: i, offset: *offset, bytes };
+                    let heap = sn.node.mem().npages() as u64 * sn.node.mem().page_size() as u64;
+                    assert!(
+                        offset.is_multiple_of(align) && offset + bytes <= heap,
+                        "seed {seed}: node {i}: {a:?} (aligned to {align}) in a heap of {heap} bytes"
+                    );
+                    let overlap = self
+                        .allocations
+                        .iter()
+                        .find(|b| b.offset < a.offset + a.bytes && a.offset < b.offset + b.bytes);
+                    assert!(overlap.is_none(), "seed {seed}: {a:?} overlaps the live {overlap:?}");
+                    self.allocations.push(a);
+                    self.app_ops.allocations += 1;
+                }
+                (AppDone::Allocated(Err(e)), Op::Alloc(..)) => {
+                    assert!(matches!(e, AllocFailure::OutOfMemory { .. }), "seed {seed}: node {i}: {e}");
+                }
+                (AppDone::Freed(r), Op::Free) => assert!(r.is_ok(), "seed {seed}: node {i}: {r:?}"),
+                (AppDone::Allocated(_) | AppDone::Freed(_), op) => {
+                    panic!("seed {seed}: node {i}: {done:?} at {op:?}")
+                }
+                _ => {}
             }
             if let AppDone::Distributed(got) = &done {
                 let Op::Distribute(k) = sn.prog[sn.pc] else {
@@ -604,6 +646,18 @@ impl Sim {
                 sn.blocked = true;
                 self.core(i, |n| n.request_settle());
             }
+            Op::Alloc(bytes, align) => {
+                sn.blocked = true;
+                self.core(i, |n| n.request_alloc(bytes, align));
+            }
+            Op::Free => match self.allocations.iter().rposition(|a| a.node == i) {
+                Some(k) => {
+                    let a = self.allocations.remove(k);
+                    sn.blocked = true;
+                    self.core(i, |n| n.request_free(a.offset));
+                }
+                None => sn.pc += 1,
+            },
             Op::Exit => {
                 sn.blocked = true;
                 let others_run = self.nodes.iter().any(|o| o.pc + 1 < o.prog.len());
@@ -992,6 +1046,14 @@ struct MidStores {
     during_snapshot: u64,
 }
 
+/// A live allocation of the shared heap, by the node that made it.
+#[derive(Debug, Clone, Copy)]
+struct Allocation {
+    node: usize,
+    offset: u64,
+    bytes: u64,
+}
+
 /// Operations of the simulated applications worth counting: views (validations) that needed
 /// no message (run on the application thread), views taken holding a lock (their twins made
 /// ahead are noticed in the lock's interval), distributed values taken, and exits while
@@ -1002,6 +1064,7 @@ struct AppOps {
     views_under_lock: u64,
     distributes: u64,
     exits_while_others_run: u64,
+    allocations: u64,
 }
 
 impl std::ops::AddAssign for AppOps {
@@ -1010,6 +1073,7 @@ impl std::ops::AddAssign for AppOps {
         self.views_under_lock += o.views_under_lock;
         self.distributes += o.distributes;
         self.exits_while_others_run += o.exits_while_others_run;
+        self.allocations += o.allocations;
     }
 }
 
@@ -1115,7 +1179,8 @@ fn random_data_race_free_programs_read_sequentially_consistent_values() {
         app_ops.local_views > 1000
             && app_ops.views_under_lock > 500
             && app_ops.distributes > 1000
-            && app_ops.exits_while_others_run > 1000,
+            && app_ops.exits_while_others_run > 1000
+            && app_ops.allocations > 1000,
         "{app_ops:?}"
     );
     assert!(
@@ -1153,6 +1218,7 @@ fn random_data_race_free_programs_read_sequentially_consistent_values() {
         "{totals:?}"
     );
     assert!(totals.lock_acquires_local > 10_000 && totals.pages_served > 1000, "{totals:?}");
+    assert!(totals.pages_backed > 1000, "{totals:?}");
     assert!(totals.streams > 1000 && totals.stream_waits > 200 && totals.settles > 300, "{totals:?}");
 }
 
