@@ -37,6 +37,10 @@ pub enum Error {
     /// A distributed value of the wrong size.
     #[error("distribute: node 0 sent {got} bytes, this node expected {want}")]
     DistributeSize { got: usize, want: usize },
+    /// An allocation aligned more than the heap's base is (offsets are aligned, and an address
+    /// is the base plus its offset).
+    #[error("allocation aligned to {align} bytes: the heap's base {heap_base:#x} is not (TMK_HEAP_BASE)")]
+    Misaligned { align: usize, heap_base: usize },
 }
 
 impl std::fmt::Debug for Error {
@@ -62,6 +66,9 @@ impl std::fmt::Debug for Error {
             Error::View(e) => f.debug_tuple("View").field(e).finish(),
             Error::DistributeSize { got, want } => {
                 f.debug_struct("DistributeSize").field("got", got).field("want", want).finish()
+            }
+            Error::Misaligned { align, heap_base } => {
+                f.debug_struct("Misaligned").field("align", align).field("heap_base", heap_base).finish()
             }
         }
     }

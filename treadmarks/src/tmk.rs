@@ -293,6 +293,10 @@ impl Tmk {
         let bytes =
             len.checked_mul(size_of::<T>()).ok_or(Error::TooLarge { count: len, size: size_of::<T>() })?;
         let align = align.max(align_of::<T>());
+        let heap_base = self.heap.app_base() as usize;
+        if align.is_power_of_two() && !heap_base.is_multiple_of(align) {
+            return Err(Error::Misaligned { align, heap_base });
+        }
         match self.done(Command::Alloc { bytes: bytes.max(1) as u64, align: align as u64 })? {
             AppDone::Allocated(r) => {
                 let offset = r.map_err(crate::protocol::ProtocolError::from)?;

@@ -532,6 +532,9 @@ fn errors(tmk: &mut Tmk) -> R {
     check(e.contains("lock 3") && e.contains("not hold"), || e.clone())?;
     let e = tmk.alloc::<u8>(1 << 40).unwrap_err().to_string();
     check(e.contains("1099511627776 bytes requested"), || e.clone())?;
+    // Aligned more than the heap's base (the tests' bases lie between 2^46 and 2^47).
+    let e = tmk.alloc_aligned::<u8>(1, 1 << 46).unwrap_err().to_string();
+    check(e.contains("aligned to 70368744177664 bytes") && e.contains("TMK_HEAP_BASE"), || e.clone())?;
     let bogus: Shared<[u64]> = Shared::from_raw_parts(u64::MAX - 7, 2);
     let e = tmk.view(&bogus).unwrap_err().to_string();
     check(e.contains("outside"), || e.clone())?;

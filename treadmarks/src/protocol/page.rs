@@ -724,8 +724,11 @@ impl<M: PageMemory> Node<M> {
     /// collection), and applying an older diff over one of them, a diff of ours this copy holds
     /// already, say, would put back the bytes the older diff changed and leave the newer write's
     /// other bytes: a racing reader then read a value nobody wrote (the racy-program simulation's
-    /// seed 60,304). A superseded diff applied over a copy marked as holding our whole diff would
-    /// put back bytes our overwrite replaced (the data-race-free simulation's seed 171,461).
+    /// seed 60,304, in session 26's programs). A superseded diff applied over a copy marked as
+    /// holding our whole diff would put back bytes our overwrite replaced (the data-race-free
+    /// simulation's seed 171,461, then). Until our overwrite is done, though, the copy holds the
+    /// stale bytes of the words we have not written yet in place of the superseded writes: a
+    /// reader racing with the overwrite may get them, older than writes it knows of.
     ///
     /// The application may be running (a page request is served whenever it comes), so the page
     /// may have been twinned by the fault handler since this node last heard of its twins: the

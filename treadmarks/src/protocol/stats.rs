@@ -3,7 +3,8 @@
 /// Protocol counters of one node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProtocolStats {
-    /// Faults on invalid pages (access misses), write faults on them included.
+    /// Faults on invalid pages (access misses), write faults on them included; a fault on a
+    /// page already on its way to a streaming view is a `stream_waits` instead.
     pub read_misses: u64,
     /// Write faults handled by the protocol core (the slow path).
     pub write_faults: u64,
