@@ -823,8 +823,8 @@ impl Sim {
                         u64::from(sn.blocked && matches!(sn.prog[sn.pc], Op::Exit));
                 }
                 if self.trace {
-                    let shown = format!("{msg:?}");
-                    eprintln!("  {from} -> {to}: {}", &shown[..shown.len().min(400)]);
+                    let shown: String = format!("{msg:?}").chars().take(400).collect();
+                    eprintln!("  {from} -> {to}: {shown}");
                 }
                 let lock_msg =
                     matches!(msg.kind(), MsgKind::LockRequest | MsgKind::LockForward | MsgKind::LockGrant);
