@@ -596,6 +596,11 @@ impl<M: PageMemory> Node<M> {
         if !std::mem::replace(&mut self.locks[lock.idx()].in_interval, true) {
             self.interval_locks.push(lock);
         }
+        invariant_eq!(
+            self.interval_locks.len(),
+            self.locks.iter().filter(|l| l.in_interval).count(),
+            "the locks noted in the open interval are those flagged, once each"
+        );
     }
 
     /// Takes in remote interval records (from a lock grant or a barrier): closes our open
