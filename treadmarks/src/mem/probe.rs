@@ -128,14 +128,14 @@ pub fn bare_fault(pages: usize) -> Result<BareFault, MemError> {
         PROBE.store(ctx, Ordering::SeqCst);
         let installed = signals::install(libc::SIGSEGV, probe_handler);
         let timed = installed.as_ref().ok().map(|()| {
-            let faults_before = minor_faults();
+            let faults_before = thread_minor_faults().unwrap_or(0);
             let start = Instant::now();
             for i in 0..pages {
                 // SAFETY: inside the probe region; the write faults once and the handler makes
                 // the page writable, then the store completes.
                 unsafe { ptr::write_volatile(base.add(i * page_size), 1u8) };
             }
-            (start.elapsed(), minor_faults().saturating_sub(faults_before))
+            (start.elapsed(), thread_minor_faults().unwrap_or(0).saturating_sub(faults_before))
         });
         signals::restore(libc::SIGSEGV, &prev);
         PROBE.store(ptr::null_mut(), Ordering::SeqCst);
@@ -155,13 +155,15 @@ pub fn bare_fault(pages: usize) -> Result<BareFault, MemError> {
 }
 
 /// Page faults this thread has taken that the kernel resolved without I/O (`ru_minflt`).
-fn minor_faults() -> u64 {
+pub(crate) fn thread_minor_faults() -> io::Result<u64> {
     let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
     // SAFETY: `getrusage` fills the `rusage` it is given; `RUSAGE_THREAD` is always valid.
     let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, usage.as_mut_ptr()) };
-    // SAFETY: zeroed is a valid `rusage` (plain integers), and filled in when `rc == 0`.
-    let usage = unsafe { usage.assume_init() };
-    if rc == 0 { usage.ru_minflt as u64 } else { 0 }
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: filled in by the successful call above (and zeroed before it).
+    Ok(unsafe { usage.assume_init() }.ru_minflt as u64)
 }
 
 /// Times of write faults through the treadmarks fault handler's fast path ([`twin_fault_times`]).

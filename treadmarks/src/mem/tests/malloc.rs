@@ -3,28 +3,19 @@
 
 use super::{run_in_child, test_name};
 use crate::mem::malloc::{keep_freed, warm_thread_heap};
-
-/// Minor page faults this thread has taken so far.
-fn thread_minor_faults() -> i64 {
-    // SAFETY: `rusage` is plain data, for which all zeros is a valid value.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: passes a valid, live `rusage` for the kernel to fill.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) };
-    assert_eq!(rc, 0, "getrusage(RUSAGE_THREAD)");
-    usage.ru_minflt
-}
+use crate::mem::probe::thread_minor_faults;
 
 /// On a fresh thread, after `prepare`: the minor faults taken while 4 MiB of state is built in
 /// 256 KiB pieces, written, and dropped, twice (as a fetch's misses and replies are).
-fn faults_building_state(prepare: impl FnOnce() + Send + 'static) -> i64 {
+fn faults_building_state(prepare: impl FnOnce() + Send + 'static) -> u64 {
     std::thread::spawn(move || {
         prepare();
-        let before = thread_minor_faults();
+        let before = thread_minor_faults().expect("getrusage(RUSAGE_THREAD)");
         for _ in 0..2 {
             let pieces: Vec<Vec<u8>> = (0..16).map(|k| vec![k as u8 + 1; 256 << 10]).collect();
             std::hint::black_box(&pieces);
         }
-        thread_minor_faults() - before
+        thread_minor_faults().expect("getrusage(RUSAGE_THREAD)") - before
     })
     .join()
     .expect("the state-building thread")
