@@ -832,11 +832,12 @@ impl Heap {
 
 impl Drop for Heap {
     fn drop(&mut self) {
+        // Every `Arc` of the heap is gone: the views and page memories that hold references into
+        // its regions hold the `Arc`. Raw pointers the application kept (`Tmk::ptr`) are its own
+        // to stop using: an access through one faults while the range stays unmapped, and
+        // reaches whatever is mapped there later otherwise.
         // SAFETY: the three regions were mapped by `map` with these sizes and are unmapped only
-        // here, once every `Arc` of the heap is gone: the views and page memories that hold
-        // references into them hold the `Arc`. Raw pointers the application kept (`Tmk::ptr`)
-        // are its own to stop using: an access through one faults while the range stays
-        // unmapped, and reaches whatever is mapped there later otherwise.
+        // here, when nothing refers to them any more (above).
         unsafe {
             munmap(self.app, self.size);
             munmap(self.runtime, self.size);

@@ -390,10 +390,10 @@ impl PageMemory for HeapPages {
                 state::name(s)
             );
         }
-        // SAFETY: `twin` is the page's twin slot (checked to exist above), which only the maker
-        // of a twin writes: the handler twins only pages that fault, and we own the state. The
-        // slot is a page long, in the twin area, and does not overlap `bytes` (a copy outside
-        // the heap).
+        // `twin` is the page's twin slot (it exists: looked up above), a page long, in the twin
+        // area, so it does not overlap `bytes` (a copy outside the heap). Only the maker of a
+        // twin writes a slot: the handler twins only pages that fault, and we own the state.
+        // SAFETY: a page-long slot nobody else writes now, apart from `bytes` (above).
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), twin, bytes.len()) };
         heap.state(i).store(s, Ordering::Release);
     }
