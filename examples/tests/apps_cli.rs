@@ -79,6 +79,26 @@ fn bad_command_lines_are_refused_by_name() {
             "radix: --bits 17 is not from 1 to 16",
         ),
         (
+            env!("CARGO_BIN_EXE_tsp"),
+            &["-n", "2", "--cities", "40"][..],
+            "tsp: --cities 40 is not from 3 to 32",
+        ),
+        (
+            env!("CARGO_BIN_EXE_tsp"),
+            &["--mode", "seq", "--cities", "2"][..],
+            "tsp: --cities 2 is not from 3 to 32",
+        ),
+        (
+            env!("CARGO_BIN_EXE_sor"),
+            &["-n", "2", "--cols", "1"][..],
+            "sor: --cols 1 is not an even number of 2 or more",
+        ),
+        (
+            env!("CARGO_BIN_EXE_sor"),
+            &["--mode", "seq", "--cols", "131"][..],
+            "sor: --cols 131 is not an even number",
+        ),
+        (
             env!("CARGO_BIN_EXE_radix"),
             &["--mode", "seq", "--keys", "18446744073709551615"][..],
             "radix: --keys 18446744073709551615 does not fit in a u32",

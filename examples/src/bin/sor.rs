@@ -147,11 +147,12 @@ const FLAGS: &[Flag] = &[
 ];
 
 fn size(args: &Args) -> Result<Size, String> {
-    Ok(Size {
-        rows: args.get("rows"),
-        half: args.get::<usize>("cols") / 2,
-        iterations: args.get("iterations"),
-    })
+    let cols: usize = args.get("cols");
+    if cols < 2 || !cols.is_multiple_of(2) {
+        // Red and black points alternate along a row: each array holds half of it.
+        return Err(format!("--cols {cols} is not an even number of 2 or more"));
+    }
+    Ok(Size { rows: args.get("rows"), half: cols / 2, iterations: args.get("iterations") })
 }
 
 fn main() -> ExitCode {

@@ -486,7 +486,11 @@ const FLAGS: &[Flag] = &[
 ];
 
 fn size(args: &Args) -> Result<Size, String> {
-    Ok(Size { cities: args.get("cities"), solve_below: args.get("solve-below"), seed: args.get("seed") })
+    let cities: usize = args.get("cities");
+    if !(3..=MAX_CITIES).contains(&cities) {
+        return Err(format!("--cities {cities} is not from 3 to {MAX_CITIES}"));
+    }
+    Ok(Size { cities, solve_below: args.get("solve-below"), seed: args.get("seed") })
 }
 
 fn main() -> ExitCode {
