@@ -1,12 +1,12 @@
 //! sor, jacobi3d, matmul, lu and fft at small sizes: DSM mode on 1 to 4 nodes (3 catches
-//! partitioning off-by-ones), plus one threads and one seq run each, every run verified against
-//! the sequential computation by the app itself (it prints PASS and exits 0).
+//! partitioning off-by-ones), threads on 1 to 4 threads and one seq run each, every run verified
+//! against the sequential computation by the app itself (it prints PASS and exits 0).
 
 use treadmarks_tests::check_app_modes;
 
 /// App `index` uses heap slots `30 + 6 * index ..`.
 fn check_app(exe: &str, index: u64, args: &[&str]) {
-    check_app_modes(exe, 30 + 6 * index, 3, args);
+    check_app_modes(exe, 30 + 6 * index, args);
 }
 
 #[test]

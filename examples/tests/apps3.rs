@@ -1,12 +1,12 @@
-//! The sorting apps (`qsort`, `is`, `radix`) at small sizes: DSM mode on 1 to 4 nodes, and one
-//! `threads` and one `seq` run each, every run checked against the sequential result; radix's
-//! message-passing version on 1 to 4 processes too.
+//! The sorting apps (`qsort`, `is`, `radix`) at small sizes: DSM mode on 1 to 4 nodes, `threads`
+//! on 1 to 4 threads and one `seq` run each, every run checked against the sequential result;
+//! radix's message-passing version on 1 to 4 processes too.
 
 use treadmarks_tests::{check_app_in_mode, check_app_modes};
 
-/// Every mode of one app at a small size; heap slots `slot .. slot + 6`.
+/// Every mode of one app at a small size; heap slots `slot .. slot + 5`.
 fn all_modes(exe: &str, slot: u64, size: &[&str]) {
-    check_app_modes(exe, slot, 3, size);
+    check_app_modes(exe, slot, size);
 }
 
 #[test]

@@ -89,12 +89,15 @@ pub fn heap_base(slot: u64) -> String {
 }
 
 /// Checks one example application in every mode: DSM on 1 to 4 nodes (3 catches partitioning
-/// off-by-ones), then threads on `threads` threads, then seq; each run passes `args`, uses heap
-/// slot `slot0 + k` for its `k`-th run, and must print `PASS` and exit 0.
-pub fn check_app_modes(exe: &str, slot0: u64, threads: usize, args: &[&str]) {
-    let runs = [("dsm", 1), ("dsm", 2), ("dsm", 3), ("dsm", 4), ("threads", threads), ("seq", 1)];
-    for (k, (mode, nprocs)) in runs.into_iter().enumerate() {
-        check_app_run(exe, mode, nprocs, slot0 + k as u64, args, &[("TMK_HEAP_SIZE", "256MiB")]);
+/// off-by-ones), threads on 1 to 4 threads (the threads version partitions on its own), then
+/// seq; each run passes `args` and must print `PASS` and exit 0. The DSM runs use heap slots
+/// `slot0 .. slot0 + 4`; the others start no node and use `slot0 + 4`.
+pub fn check_app_modes(exe: &str, slot0: u64, args: &[&str]) {
+    let dsm = (1..=4).map(|n| ("dsm", n));
+    let threads = (1..=4).map(|n| ("threads", n));
+    for (k, (mode, nprocs)) in dsm.chain(threads).chain([("seq", 1)]).enumerate() {
+        let slot = slot0 + (k as u64).min(4);
+        check_app_run(exe, mode, nprocs, slot, args, &[("TMK_HEAP_SIZE", "256MiB")]);
     }
 }
 
