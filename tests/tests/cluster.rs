@@ -230,6 +230,13 @@ fn nodes_with_different_configurations_refuse_to_meet() {
     }
 }
 
+/// A launcher started with an explicit configuration (`Tmk::startup_with`) runs its nodes with
+/// it: they met it with their environment's 1,024 locks, a fingerprint mismatch, before.
+#[test]
+fn a_launchers_explicit_configuration_holds_for_every_node() {
+    run("explicit-config", 3, 30).assert_pass("explicit-config");
+}
+
 #[test]
 fn a_node_that_dies_while_the_job_starts_stops_the_launcher_at_once() {
     for (_, out) in

@@ -20,7 +20,7 @@
 //! | twin memory backed at startup (multi-node jobs): the twins of the first pages twinned | `TMK_TWIN_RESERVE` (bytes; 0 turns it off) | | 32 MiB, at most the heap |
 //! | the service thread's allocator heap backed at startup (multi-node jobs; glibc: the C allocator then keeps freed memory and takes blocks under 32 MiB from its heaps, process-wide, see `mem/malloc.rs`) | `TMK_MALLOC_RESERVE` (bytes; 0 turns it off) | | 16 MiB |
 //! | most lock tokens a grant passes along unasked (locks the acquirer took after this one last time, or the ids after it; the granter keeps those it expects to take no later than the acquirer) | `TMK_LOCK_BUNDLE` (0 turns it off) | | 256 |
-//! | pin each node (its application and service threads) to one CPU, node `r` to the `r`-th allowed CPU modulo their number | `TMK_PIN=1` / `TMK_PIN=0` | | on in a job started with `-n N` on one machine, off for nodes that join with `TMK_RANK` |
+//! | pin each node (its application and service threads) to one CPU | `TMK_PIN=1` / `TMK_PIN=0` | | on in a job started with `-n N` on one machine, to CPUs no other job here is pinned to (the launcher claims the first free ones for the job's life; where too few are free the job runs unpinned, and says so); with `TMK_PIN=1`, node `r` to the `r`-th allowed CPU modulo their number; off for nodes that join with `TMK_RANK` |
 //! | real-time (`SCHED_FIFO`) service thread, so it preempts its own application thread at once (needs privilege; ignored without) | `TMK_SERVICE_RT=1` / `TMK_SERVICE_RT=0` | | as pinning |
 //! | how long the service thread polls its sockets, instead of sleeping, while the application waits for an answer | `TMK_SERVICE_SPIN_US` (µs) | | 1000 when pinned with a CPU to each node of the job, else 0 |
 //! | fault backend | `TMK_FAULTS` (`auto`, `uffd`, `mprotect`) | | `auto`: userfaultfd if the kernel offers it |
@@ -319,6 +319,50 @@ pub fn parse_size(name: &'static str, v: &str) -> Result<usize, ConfigError> {
 }
 
 impl Config {
+    /// The settings a launcher passes to the nodes it spawns, as the `TMK_*` variables that
+    /// [`Config::from_env_and_args`] reads back to the same values (`None`: the variable is
+    /// removed, so that the default applies, not a value the launcher's environment happens to
+    /// hold). Every setting but the node's place in the job (`nprocs`, `role`, `root`, `pin`),
+    /// which the launcher sets itself. Durations go in whole microseconds (the spins) and
+    /// seconds (the meeting's bound), as they are read.
+    pub fn to_vars(&self) -> Vec<(&'static str, Option<String>)> {
+        let on = |b: bool| Some(if b { "1" } else { "0" }.to_string());
+        let stats = if self.stats_json {
+            "json"
+        } else if self.print_stats {
+            "1"
+        } else {
+            "0"
+        };
+        let faults = match self.faults {
+            FaultsMode::Auto => "auto",
+            FaultsMode::Uffd => "uffd",
+            FaultsMode::Mprotect => "mprotect",
+        };
+        vec![
+            ("TMK_HEAP_SIZE", Some(self.heap_size.to_string())),
+            ("TMK_HEAP_BASE", Some(format!("{:#x}", self.heap_base))),
+            ("TMK_LOCKS", Some(self.nlocks.to_string())),
+            ("TMK_BARRIERS", Some(self.nbarriers.to_string())),
+            ("TMK_GC_THRESHOLD", Some(self.gc_threshold.to_string())),
+            ("TMK_SERVICE_RT", self.service_rt.and_then(on)),
+            ("TMK_SERVICE_SPIN_US", self.service_spin.map(|d| d.as_micros().to_string())),
+            ("TMK_SPIN_US", Some(self.app_spin.as_micros().to_string())),
+            ("TMK_CONSISTENCY_LIMIT", self.consistency_limit.map(|b| b.to_string())),
+            ("TMK_DIFF_RESERVE", self.diff_reserve.map(|b| b.to_string())),
+            ("TMK_TWIN_RESERVE", Some(self.twin_reserve.to_string())),
+            ("TMK_MALLOC_RESERVE", Some(self.malloc_reserve.to_string())),
+            ("TMK_PUSH", on(self.push)),
+            ("TMK_PUSH_SKIP", on(self.push_skip)),
+            ("TMK_BACK_HEAP", on(self.back_heap)),
+            ("TMK_LOCK_BUNDLE", Some(self.lock_bundle.to_string())),
+            ("TMK_STREAM_MIN_PAGES", Some(self.stream_min_pages.to_string())),
+            ("TMK_STATS", Some(stats.to_string())),
+            ("TMK_CONNECT_TIMEOUT", Some(self.connect_timeout.as_secs().to_string())),
+            ("TMK_FAULTS", Some(faults.to_string())),
+        ]
+    }
+
     /// Reads the `TMK_*` variables, then the flags in `args` (without the program name).
     /// Returns the configuration and the arguments it did not consume.
     pub fn from_env_and_args(args: Vec<String>) -> Result<(Config, Vec<String>), ConfigError> {
@@ -573,12 +617,13 @@ impl Config {
     /// What must be identical on every node of a job.
     pub fn fingerprint(&self) -> String {
         format!(
-            "nprocs={} heap={}@{:#x} locks={} barriers={} proto={}",
+            "nprocs={} heap={}@{:#x} locks={} barriers={} page={} proto={}",
             self.nprocs,
             self.heap_size,
             self.heap_base,
             self.nlocks,
             self.nbarriers,
+            crate::mem::system_page_size(),
             env!("CARGO_PKG_VERSION")
         )
     }
@@ -700,6 +745,66 @@ mod tests {
         // Started by hand with both, a node's flags win.
         let (c, _) = Config::from_vars_and_args(vars(false), args()).unwrap();
         assert_eq!(c.root, Some("10.0.0.5:0".parse().unwrap()));
+    }
+
+    /// What a launcher passes its nodes reads back as its own settings, every one of them, the
+    /// unset ones unset (a launcher started with an explicit configuration ran its nodes on their
+    /// environment's, and met them with a fingerprint mismatch or settings of their own).
+    #[test]
+    fn the_settings_a_launcher_passes_read_back_as_its_own() {
+        let changed = Config {
+            heap_size: 96 << 20,
+            heap_base: 0x5123_4000_0000,
+            nlocks: 77,
+            nbarriers: 9,
+            gc_threshold: 123_456,
+            push: false,
+            push_skip: false,
+            back_heap: false,
+            malloc_reserve: 3 << 20,
+            diff_reserve: Some(5 << 20),
+            twin_reserve: 7 << 20,
+            lock_bundle: 3,
+            stream_min_pages: 11,
+            print_stats: true,
+            stats_json: true,
+            connect_timeout: Duration::from_secs(17),
+            faults: FaultsMode::Mprotect,
+            service_rt: Some(false),
+            service_spin: Some(Duration::from_micros(250)),
+            app_spin: Duration::from_micros(7),
+            consistency_limit: Some(1 << 30),
+            ..Config::default()
+        };
+        let with_stats = |print_stats, stats_json| Config { print_stats, stats_json, ..Config::default() };
+        for c in [Config::default(), changed, with_stats(true, false), with_stats(false, false)] {
+            let vars = c.to_vars();
+            // Whatever the environment held is replaced or removed.
+            let var = |k: &str| match vars.iter().find(|(name, _)| *name == k) {
+                Some((_, v)) => v.clone().map(std::ffi::OsString::from),
+                None => Some(std::ffi::OsString::from("0")).filter(|_| k == "TMK_PIN"),
+            };
+            let (back, rest) = Config::from_vars_and_args(var, Vec::new()).unwrap();
+            assert!(rest.is_empty());
+            let mut want = c.clone();
+            want.pin = Some(false);
+            assert_eq!(format!("{back:?}"), format!("{want:?}"));
+        }
+        // Every setting is passed on but the node's place in the job, which the launcher sets.
+        let passed: Vec<&str> = Config::default().to_vars().iter().map(|(k, _)| *k).collect();
+        for name in SETTINGS.iter().filter(|n| !["TMK_NPROCS", "TMK_RANK", "TMK_ROOT", "TMK_PIN"].contains(n))
+        {
+            assert!(passed.contains(name), "{name} is not passed to spawned nodes");
+        }
+    }
+
+    /// Nodes that disagree on the page size must not meet: a page index would name other bytes
+    /// on each, and a diff cut on 4 KiB pages would pass the bounds of a 16 KiB one.
+    #[test]
+    fn the_fingerprint_holds_the_page_size_and_the_shared_settings() {
+        let fp = Config { nprocs: 3, nlocks: 5, ..Config::default() }.fingerprint();
+        let page = format!(" page={} ", crate::mem::system_page_size());
+        assert!(fp.contains(&page) && fp.contains("nprocs=3 ") && fp.contains(" locks=5 "), "{fp}");
     }
 
     /// A setting whose value is not UTF-8 is refused by name, not taken for unset.

@@ -89,7 +89,8 @@ impl Tmk {
         Tmk::startup_with(config, rest)
     }
 
-    /// Starts this node with an explicit configuration.
+    /// Starts this node with an explicit configuration. A launcher passes it, every setting
+    /// but each node's place in the job, to the nodes it spawns ([`Config::to_vars`]).
     pub fn startup_with(config: Config, args: Vec<String>) -> Result<Tmk> {
         config.validate()?;
         let n = config.nprocs;
@@ -157,7 +158,7 @@ impl Tmk {
                     let pin = config.pin.or(claim.as_ref().and_then(CpuClaim::pin)).unwrap_or(true);
                     cpu_claims = claim.and_then(CpuClaim::into_claims);
                     let cpus = cpu_claims.as_ref().map(|c| c.cpus().to_vec());
-                    watch = Some(StartupWatch::new(Children::spawn(n, addr, pin, cpus.as_deref())?));
+                    watch = Some(StartupWatch::new(Children::spawn(&config, addr, pin, cpus.as_deref())?));
                     (Some(l), addr, pin, cpus)
                 }
                 Role::Member { .. } => {

@@ -22,10 +22,15 @@ fn shared<T: bytemuck::Pod>(tmk: &mut Tmk, len: usize) -> treadmarks::Result<Sha
 
 /// N nodes x 1000 lock-protected increments of one counter.
 fn counter(tmk: &mut Tmk) -> R {
+    counter_under(tmk, 0)
+}
+
+/// N nodes x 1000 increments of one counter under lock `lock`.
+fn counter_under(tmk: &mut Tmk, lock: u32) -> R {
     let iters = 1000;
     let c = shared::<u64>(tmk, 1)?;
     for _ in 0..iters {
-        let g = tmk.lock(0)?;
+        let g = tmk.lock(lock)?;
         g.view_mut(&c)?[0] += 1;
     }
     tmk.barrier(0)?;
@@ -740,6 +745,25 @@ fn serve_while_writing(tmk: &mut Tmk) -> R {
     Ok(())
 }
 
+/// Scenario `explicit-config`: the launcher started with a configuration of its own making
+/// ([`start`]), 16 locks where the environment says nothing; every node must run with it.
+fn explicit_config(tmk: &mut Tmk) -> R {
+    let e = tmk.lock_acquire(16).unwrap_err().to_string();
+    check(e.contains("lock 16") && e.contains("16 locks"), || format!("node {}: {e}", tmk.proc_id()))?;
+    counter_under(tmk, 15)
+}
+
+/// Starts this node: by the environment and arguments, as `Tmk::startup` does; a launcher of
+/// `explicit-config` by `Tmk::startup_with` with 16 locks (its nodes hear of them from it).
+fn start() -> treadmarks::Result<Tmk> {
+    let explicit = std::env::args().nth(1).is_some_and(|s| s == "explicit-config");
+    if !explicit || std::env::var_os("TMK_RANK").is_some() {
+        return Tmk::startup();
+    }
+    let (config, rest) = treadmarks::Config::from_env_and_args(std::env::args().skip(1).collect())?;
+    Tmk::startup_with(treadmarks::Config { nlocks: 16, ..config }, rest)
+}
+
 fn main() -> ExitCode {
     // A node that dies before it meets the others (TMK_TEST_DIE_AT_STARTUP=<rank>).
     if let (Ok(rank), Ok(die)) = (std::env::var("TMK_RANK"), std::env::var("TMK_TEST_DIE_AT_STARTUP"))
@@ -747,7 +771,7 @@ fn main() -> ExitCode {
     {
         return ExitCode::from(3);
     }
-    let result = Tmk::startup().and_then(|mut tmk| {
+    let result = start().and_then(|mut tmk| {
         let scenario = tmk.args().first().cloned().unwrap_or_default();
         let r = match scenario.as_str() {
             "counter" => counter(&mut tmk),
@@ -775,6 +799,7 @@ fn main() -> ExitCode {
             "affinity" => affinity(&mut tmk),
             "distribute-unanswered" => distribute_unanswered(&mut tmk),
             "launcher-dies" => launcher_dies(&mut tmk),
+            "explicit-config" => explicit_config(&mut tmk),
             other => Err(Error::Failed(format!("unknown scenario {other:?}"))),
         };
         r?;

@@ -150,7 +150,7 @@ fn out_of_range(first: u32, count: u32, npages: u32) -> ! {
 }
 
 /// The system page size.
-pub(super) fn system_page_size() -> usize {
+pub(crate) fn system_page_size() -> usize {
     // SAFETY: `sysconf` has no memory-safety preconditions.
     let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     if n <= 0 { 4096 } else { n as usize }

@@ -183,6 +183,7 @@ pub use backend::{FaultBackend, FaultsMode, MAP_COUNT_MARGIN, select_backend, uf
 pub use doorbell::{Doorbell, FaultKind};
 pub use error::MemError;
 pub use fault::FaultHandler;
+pub(crate) use heap::system_page_size;
 pub use heap::{FaultCounters, Heap, HeapLayout};
 pub use pages::HeapPages;
 pub use service_fd::{ServiceFd, register_service_fd};

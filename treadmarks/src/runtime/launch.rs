@@ -3,6 +3,7 @@
 //! environment. Every spawned process is reaped: by [`Children::wait`] after an orderly exit, or
 //! killed and reaped on drop. A spawned node dies with its launcher (`PR_SET_PDEATHSIG`).
 
+use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::protocol::NodeId;
 use std::net::SocketAddr;
@@ -79,18 +80,28 @@ impl Drop for StartupWatch {
 }
 
 impl Children {
-    /// Spawns nodes `1..nprocs`, meeting at `root`.
+    /// Spawns nodes `1..config.nprocs`, meeting at `root`, with the launcher's settings
+    /// ([`Config::to_vars`]: a configuration given to [`Tmk::startup_with`](crate::Tmk::startup_with)
+    /// holds for every node, not only the launcher).
     /// `pin`: the launcher's decision to pin the job's nodes, passed on as `TMK_PIN`, and the
     /// CPUs it claimed for them, if it did (`TMK_LAUNCHER_CPUS`, read by [`claimed_cpus`]).
-    pub fn spawn(nprocs: u16, root: SocketAddr, pin: bool, cpus: Option<&[usize]>) -> Result<Children> {
+    pub fn spawn(config: &Config, root: SocketAddr, pin: bool, cpus: Option<&[usize]>) -> Result<Children> {
         let exe = std::env::current_exe().map_err(|source| Error::Spawn { node: NodeId(1), source })?;
         let mut children = Children::default();
         let cpus = cpus.map(|c| c.iter().map(usize::to_string).collect::<Vec<_>>().join(","));
+        let nprocs = config.nprocs;
+        let settings = config.to_vars();
         for rank in 1..nprocs {
             let node = NodeId(rank);
             let mut cmd = Command::new(&exe);
             if let Some(cpus) = &cpus {
                 cmd.env("TMK_LAUNCHER_CPUS", cpus);
+            }
+            for (name, value) in &settings {
+                match value {
+                    Some(v) => cmd.env(name, v),
+                    None => cmd.env_remove(name),
+                };
             }
             let child = cmd
                 .args(std::env::args_os().skip(1))
