@@ -99,6 +99,18 @@ fn a_node_whose_application_returns_an_error_tells_the_others_why() {
     }
 }
 
+/// The peers hear of the error of the call the application left on, even one checked on the
+/// application thread (an unknown lock; they were told "an error or an early return").
+#[test]
+fn a_node_that_leaves_on_a_failed_call_tells_the_others_that_error() {
+    for (backend, out) in run("give-up-on-error", 3, 31).iter() {
+        assert_ne!(out.code, Some(0), "{backend}: {out:#?}");
+        let why = "node 2 aborted the job: its application left without calling exit (its last call into \
+                   treadmarks failed: lock 5000 is out of range";
+        survivors_say(backend, out, &[0, 1], why);
+    }
+}
+
 #[test]
 fn an_exit_while_a_node_waits_at_a_barrier_fails_the_job_naming_both() {
     for (backend, out) in run("exit-at-barrier", 3, 25).iter() {

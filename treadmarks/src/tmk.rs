@@ -67,9 +67,10 @@ pub struct Tmk {
     /// Time spent validating views (views take `&self`, hence the cell).
     view_wait: std::cell::Cell<Duration>,
     exited: bool,
-    /// The error the latest call into the runtime returned, if it failed, or that of a failed
-    /// exit: what the peers are told if the application leaves without exiting (`Drop`).
-    last_error: Option<String>,
+    /// The error the latest public call returned, if it failed, or that of a failed exit: what
+    /// the peers are told if the application leaves without exiting (`Drop`). A cell, since
+    /// views take `&self`.
+    last_error: std::cell::RefCell<Option<String>>,
     exit_failed: bool,
     /// Pinned to one CPU (`Stats::pinned`).
     pinned: bool,
@@ -239,7 +240,7 @@ impl Tmk {
             barrier_wait: Duration::ZERO,
             view_wait: std::cell::Cell::new(Duration::ZERO),
             exited: false,
-            last_error: None,
+            last_error: std::cell::RefCell::new(None),
             exit_failed: false,
             pinned: node_pinned,
             held: Vec::new(),
@@ -264,11 +265,21 @@ impl Tmk {
         &self.args
     }
 
+    /// Notes how a public call ended, the error the peers are told of if the application then
+    /// leaves without calling exit: only the latest call's error explains a departure, and one
+    /// handled long ago does not. Every public call passes its result through here, whether it
+    /// failed on the service thread, in a check here, or on the application thread's own path.
+    fn record<T>(&self, r: Result<T>) -> Result<T> {
+        let mut last = self.last_error.borrow_mut();
+        match &r {
+            Ok(_) => *last = None,
+            Err(e) => *last = Some(e.to_string()),
+        }
+        r
+    }
+
     fn call(&mut self, cmd: Command) -> Result<Reply> {
-        let reply = self.engine.call(cmd);
-        // Only the latest call's error explains a departure: one handled long ago does not.
-        self.last_error = reply.as_ref().err().map(ToString::to_string);
-        reply
+        self.engine.call(cmd)
     }
 
     fn done(&mut self, cmd: Command) -> Result<AppDone> {
@@ -291,6 +302,11 @@ impl Tmk {
 
     /// Like [`Tmk::alloc`], aligned to `align` bytes (a power of two).
     pub fn alloc_aligned<T: Pod>(&mut self, len: usize, align: usize) -> Result<Shared<[T]>> {
+        let r = self.try_alloc_aligned(len, align);
+        self.record(r)
+    }
+
+    fn try_alloc_aligned<T: Pod>(&mut self, len: usize, align: usize) -> Result<Shared<[T]>> {
         let bytes =
             len.checked_mul(size_of::<T>()).ok_or(Error::TooLarge { count: len, size: size_of::<T>() })?;
         let align = align.max(align_of::<T>());
@@ -316,10 +332,12 @@ impl Tmk {
 
     /// Frees an allocation (TreadMarks' `Tmk_free`).
     pub fn free<T: ?Sized>(&mut self, h: Shared<T>) -> Result<()> {
-        match self.done(Command::Free(h.offset()))? {
-            AppDone::Freed(r) => Ok(r.map_err(crate::protocol::ProtocolError::from)?),
-            other => unreachable!("free answered with {other:?}"),
-        }
+        let r = match self.done(Command::Free(h.offset())) {
+            Ok(AppDone::Freed(r)) => r.map_err(|e| crate::protocol::ProtocolError::from(e).into()),
+            Ok(other) => unreachable!("free answered with {other:?}"),
+            Err(e) => Err(e),
+        };
+        self.record(r)
     }
 
     /// Collective: every node calls it; afterwards every node's `value` is node 0's
@@ -333,15 +351,14 @@ impl Tmk {
     /// with values node 0 sent that it never took warns.
     pub fn distribute<T: Pod>(&mut self, value: &mut T) -> Result<()> {
         let mine = (self.me == NodeId(0)).then(|| bytemuck::bytes_of(value).to_vec());
-        match self.done(Command::Distribute(mine))? {
-            AppDone::Distributed(bytes) => {
-                let got: T = bytemuck::try_pod_read_unaligned(&bytes)
-                    .map_err(|_| Error::DistributeSize { got: bytes.len(), want: size_of::<T>() })?;
-                *value = got;
-                Ok(())
-            }
-            other => unreachable!("distribute answered with {other:?}"),
-        }
+        let r = match self.done(Command::Distribute(mine)) {
+            Ok(AppDone::Distributed(bytes)) => bytemuck::try_pod_read_unaligned(&bytes)
+                .map(|got: T| *value = got)
+                .map_err(|_| Error::DistributeSize { got: bytes.len(), want: size_of::<T>() }),
+            Ok(other) => unreachable!("distribute answered with {other:?}"),
+            Err(e) => Err(e),
+        };
+        self.record(r)
     }
 
     /// Acquires lock `id`; the guard releases it when dropped.
@@ -355,31 +372,37 @@ impl Tmk {
     /// synchronizes with locks alone must call [`Tmk::collect`] now and then.
     pub fn lock_acquire(&mut self, id: u32) -> Result<()> {
         // A token here costs no wait (and no clock reads: a fifth of a local acquire's time).
-        if !self.engine.acquire_here(LockId(id))? {
-            let t = Instant::now();
-            let r = self.done(Command::Acquire(LockId(id)));
-            self.lock_wait += t.elapsed();
-            r?;
+        let r = match self.engine.acquire_here(LockId(id)) {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                let t = Instant::now();
+                let r = self.done(Command::Acquire(LockId(id)));
+                self.lock_wait += t.elapsed();
+                r.map(drop)
+            }
+            Err(e) => Err(e),
+        };
+        if r.is_ok() {
+            self.held.push(id);
         }
-        self.held.push(id);
-        Ok(())
+        self.record(r)
     }
 
     /// Releases lock `id` (TreadMarks' `Tmk_lock_release`). Returns at once: the interval ends
     /// here, and a node waiting for the lock gets it from the service thread while the
     /// application goes on.
     pub fn lock_release(&mut self, id: u32) -> Result<()> {
-        let Some(i) = self.held.iter().position(|&l| l == id) else {
-            let lock = LockId(id);
-            return Err(if id >= self.nlocks {
-                ProtocolError::UnknownLock { lock, nlocks: self.nlocks }
-            } else {
-                ProtocolError::NotHeld { lock }
+        let r = match self.held.iter().position(|&l| l == id) {
+            Some(i) => {
+                self.held.swap_remove(i);
+                self.call(Command::Release(LockId(id))).map(drop)
             }
-            .into());
+            None if id >= self.nlocks => {
+                Err(ProtocolError::UnknownLock { lock: LockId(id), nlocks: self.nlocks }.into())
+            }
+            None => Err(ProtocolError::NotHeld { lock: LockId(id) }.into()),
         };
-        self.held.swap_remove(i);
-        self.call(Command::Release(LockId(id))).map(drop)
+        self.record(r)
     }
 
     /// Waits until every node has arrived at barrier `id` (TreadMarks' `Tmk_barrier`).
@@ -387,7 +410,7 @@ impl Tmk {
         let t = Instant::now();
         let r = self.done(Command::Barrier(BarrierId(id)));
         self.barrier_wait += t.elapsed();
-        r.map(drop)
+        self.record(r.map(drop))
     }
 
     /// Collective: a barrier (it is barrier 0, so every node must call `collect` where the
@@ -400,15 +423,17 @@ impl Tmk {
         let t = Instant::now();
         let r = self.done(Command::Collect(BarrierId(0)));
         self.barrier_wait += t.elapsed();
-        r.map(drop)
+        self.record(r.map(drop))
     }
 
     /// Round trip to node `peer` through both runtimes (for measurements).
     pub fn ping(&mut self, peer: usize) -> Result<()> {
         // Out of range but within u16, the node refuses it (`Node::request_ping`).
-        let id = u16::try_from(peer)
-            .map_err(|_| ProtocolError::UnknownNode { node: peer as u64, nprocs: self.nprocs })?;
-        self.done(Command::Ping(NodeId(id))).map(drop)
+        let r = match u16::try_from(peer) {
+            Ok(id) => self.done(Command::Ping(NodeId(id))).map(drop),
+            Err(_) => Err(ProtocolError::UnknownNode { node: peer as u64, nprocs: self.nprocs }.into()),
+        };
+        self.record(r)
     }
 
     /// A view of a shared array. See [`Tmk`] for the borrowing rules.
@@ -434,11 +459,11 @@ impl Tmk {
         h: &Shared<[T]>,
         parts: impl IntoIterator<Item = Range<usize>>,
     ) -> Result<View<'_, T>> {
-        let view = self.borrows.view(h)?;
+        let view = self.record(self.borrows.view(h).map_err(Error::from))?;
         let mut count = 0;
-        let pages = self.pages_of_parts(h, parts.into_iter().inspect(|_| count += 1), Heap::invalid_pages)?;
-        self.validate(pages, false, Vec::new(), count == 1)?;
-        Ok(view)
+        let pages = self.pages_of_parts(h, parts.into_iter().inspect(|_| count += 1), Heap::invalid_pages);
+        let validated = pages.and_then(|pages| self.validate(pages, false, Vec::new(), count == 1));
+        self.record(validated).map(|()| view)
     }
 
     /// A mutable view of a shared array of which the application declares it touches only
@@ -484,7 +509,18 @@ impl Tmk {
         parts: Vec<Range<usize>>,
         overwrite: bool,
     ) -> Result<ViewMut<'_, T>> {
-        let view = self.borrows.view_mut(h)?;
+        let view = self.record(self.borrows.view_mut(h).map_err(Error::from))?;
+        let validated = self.validate_declared(h, parts, overwrite);
+        self.record(validated).map(|()| view)
+    }
+
+    /// Validates the pages of `parts` of `h` for a mutable view ([`Tmk::view_mut_declared`]).
+    fn validate_declared<T: Pod>(
+        &self,
+        h: &Shared<[T]>,
+        parts: Vec<Range<usize>>,
+        overwrite: bool,
+    ) -> Result<()> {
         let stream = parts.len() == 1;
         let all = self.pages_of_parts(h, parts.iter().cloned(), Heap::overlapping_pages)?;
         if self.held.is_empty() {
@@ -502,13 +538,11 @@ impl Tmk {
                 };
                 // Every page of the parts, writable ones too: the node renews the twin of one it
                 // serves meanwhile rather than freezing it (`Node::request_view`).
-                self.validate(all, true, whole, stream)?;
-                return Ok(view);
+                return self.validate(all, true, whole, stream);
             }
         }
         let invalid = all.into_iter().filter(|&p| self.heap.access(p) == Access::None).collect();
-        self.validate(invalid, false, Vec::new(), stream)?;
-        Ok(view)
+        self.validate(invalid, false, Vec::new(), stream)
     }
 
     /// The pages `pick` chooses among those overlapping `parts` of `h`, sorted, each once.
@@ -585,16 +619,18 @@ impl Tmk {
 
     /// This node's statistics so far.
     pub fn stats(&mut self) -> Result<Stats> {
-        match self.call(Command::Stats)? {
-            Reply::Stats(mut s) => {
+        let r = match self.call(Command::Stats) {
+            Ok(Reply::Stats(mut s)) => {
                 s.pinned = self.pinned;
                 s.lock_wait = self.lock_wait;
                 s.barrier_wait = self.barrier_wait;
                 s.view_wait = self.view_wait.get();
                 Ok(*s)
             }
-            other => unreachable!("stats answered with {other:?}"),
-        }
+            Ok(other) => unreachable!("stats answered with {other:?}"),
+            Err(e) => Err(e),
+        };
+        self.record(r)
     }
 
     /// Orderly end of the job: waits until every node has called `exit`, prints statistics if
@@ -616,7 +652,7 @@ impl Tmk {
     fn exit_inner(&mut self) -> Result<Stats> {
         let exited = self.rendezvous();
         if let Err(e) = &exited {
-            (self.last_error, self.exit_failed) = (Some(e.to_string()), true);
+            (*self.last_error.get_mut(), self.exit_failed) = (Some(e.to_string()), true);
         }
         exited
     }
@@ -645,7 +681,7 @@ impl Drop for Tmk {
     /// nodes to exit, killing those that do not, and reap them.
     fn drop(&mut self) {
         if !self.exited && matches!(self.engine, Engine::Remote { .. }) {
-            let why = match (&self.last_error, self.exit_failed) {
+            let why = match (self.last_error.get_mut().as_ref(), self.exit_failed) {
                 (Some(e), true) => format!("its exit failed: {e}"),
                 _ if std::thread::panicking() => {
                     "its application left without calling exit (it panicked)".into()

@@ -441,9 +441,27 @@ fn service_cpu_ticks() -> u64 {
 /// Node 2 gives up with an error after the first barrier (its `Tmk` dropped without exiting);
 /// the others must fail fast, saying so.
 fn give_up(tmk: &mut Tmk) -> R {
+    let a = shared::<u64>(tmk, 4)?;
     tmk.barrier(0)?;
     if tmk.proc_id() == 2 {
+        // An error handled, then a call that succeeds without the service thread: the peers
+        // are told of neither (the handled error used to be their reason).
+        check(tmk.barrier(999).is_err(), || "barrier 999 passed".into())?;
+        tmk.view(&a)?;
         return Err(Error::Failed("node 2 gives up".into()));
+    }
+    for _ in 0..1000 {
+        tmk.barrier(0)?;
+    }
+    Err(Error::Failed("the job went on without node 2".into()))
+}
+
+/// Node 2 leaves on the error of a call checked on the application thread: the peers are told
+/// that call's error.
+fn give_up_on_error(tmk: &mut Tmk) -> R {
+    tmk.barrier(0)?;
+    if tmk.proc_id() == 2 {
+        tmk.lock_acquire(5000)?;
     }
     for _ in 0..1000 {
         tmk.barrier(0)?;
@@ -786,6 +804,7 @@ fn main() -> ExitCode {
             "push" => push(&mut tmk),
             "kill" => kill(&mut tmk),
             "give-up" => give_up(&mut tmk),
+            "give-up-on-error" => give_up_on_error(&mut tmk),
             "quiet-after-peer-death" => quiet_after_peer_death(&mut tmk),
             "fault-in-eprintln" => fault_in_eprintln(&mut tmk),
             "errors" => errors(&mut tmk),
