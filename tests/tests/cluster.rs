@@ -249,6 +249,28 @@ fn a_launchers_explicit_configuration_holds_for_every_node() {
     run("explicit-config", 3, 30).assert_pass("explicit-config");
 }
 
+/// A node's final statistics count its exit and all it served while it waited in exit: over a
+/// job, every message and byte sent is received (node 0, in exit at once, forwarded the others'
+/// lock requests uncounted when its statistics were taken as it called exit).
+#[test]
+fn final_statistics_count_what_a_node_served_in_exit() {
+    for (backend, out) in run_with("served-in-exit", 3, 32, &[("TMK_STATS", "json")]).iter() {
+        out.assert_pass("served-in-exit");
+        let field = |line: &str, name: &str| -> u64 {
+            let key = format!("\"{name}\":");
+            let at = line.find(&key).unwrap_or_else(|| panic!("{backend}: no {name} in {line}")) + key.len();
+            let digits: String = line[at..].chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().unwrap()
+        };
+        let lines: Vec<&str> = out.stderr.lines().filter_map(|l| l.strip_prefix("TMK_STATS ")).collect();
+        assert_eq!(lines.len(), 3, "{backend}: {out:#?}");
+        for what in ["msgs", "bytes"] {
+            let total = |dir: &str| lines.iter().map(|l| field(l, &format!("{what}_{dir}"))).sum::<u64>();
+            assert_eq!(total("sent"), total("received"), "{backend}: {what}: {out:#?}");
+        }
+    }
+}
+
 #[test]
 fn a_node_that_dies_while_the_job_starts_stops_the_launcher_at_once() {
     for (_, out) in

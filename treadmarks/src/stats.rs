@@ -108,6 +108,13 @@ impl Stats {
             .fold(Traffic::default(), |a, t| Traffic { msgs: a.msgs + t.msgs, bytes: a.bytes + t.bytes })
     }
 
+    /// Everything received.
+    pub fn received(&self) -> Traffic {
+        self.received_by_kind
+            .iter()
+            .fold(Traffic::default(), |a, t| Traffic { msgs: a.msgs + t.msgs, bytes: a.bytes + t.bytes })
+    }
+
     pub(crate) fn count_sent(&mut self, to: NodeId, kind: MsgKind, bytes: usize) {
         self.sent_by_kind[kind as usize].add(bytes);
         self.sent_to[to.idx()].add(bytes);
@@ -124,13 +131,15 @@ impl Stats {
     /// node, prefixed `TMK_STATS `), for tools that add up a job's nodes.
     pub fn to_json(&self) -> String {
         let p = &self.protocol;
-        let sent = self.sent();
-        let fields: [(&str, f64); 53] = [
+        let (sent, received) = (self.sent(), self.received());
+        let fields: [(&str, f64); 55] = [
             ("node", f64::from(self.node.0)),
             ("nprocs", f64::from(self.nprocs)),
             ("pinned", f64::from(u8::from(self.pinned))),
             ("msgs_sent", sent.msgs as f64),
             ("bytes_sent", sent.bytes as f64),
+            ("msgs_received", received.msgs as f64),
+            ("bytes_received", received.bytes as f64),
             ("read_misses", p.read_misses as f64),
             ("view_misses", p.view_misses as f64),
             ("write_faults", (p.write_faults + self.fast_write_faults) as f64),

@@ -620,17 +620,20 @@ impl Tmk {
     /// This node's statistics so far.
     pub fn stats(&mut self) -> Result<Stats> {
         let r = match self.call(Command::Stats) {
-            Ok(Reply::Stats(mut s)) => {
-                s.pinned = self.pinned;
-                s.lock_wait = self.lock_wait;
-                s.barrier_wait = self.barrier_wait;
-                s.view_wait = self.view_wait.get();
-                Ok(*s)
-            }
+            Ok(Reply::Stats(s)) => Ok(self.with_app_side(*s)),
             Ok(other) => unreachable!("stats answered with {other:?}"),
             Err(e) => Err(e),
         };
         self.record(r)
+    }
+
+    /// The runtime's statistics `s` with what the application thread counts itself.
+    fn with_app_side(&self, mut s: Stats) -> Stats {
+        s.pinned = self.pinned;
+        s.lock_wait = self.lock_wait;
+        s.barrier_wait = self.barrier_wait;
+        s.view_wait = self.view_wait.get();
+        s
     }
 
     /// Orderly end of the job: waits until every node has called `exit`, prints statistics if
@@ -644,7 +647,9 @@ impl Tmk {
         self.exit_inner().map(drop)
     }
 
-    /// Like [`Tmk::exit`], returning this node's final statistics.
+    /// Like [`Tmk::exit`], returning this node's final statistics, taken as the exit completes
+    /// (every node has called it): the exit's messages and what this node served the others
+    /// while it waited for them are in.
     pub fn exit_with_stats(mut self) -> Result<Stats> {
         self.exit_inner()
     }
@@ -659,8 +664,12 @@ impl Tmk {
 
     /// The exit itself: [`Tmk::exit`] less the note of its failure.
     fn rendezvous(&mut self) -> Result<Stats> {
-        let stats = self.stats()?;
-        self.done(Command::Exit)?;
+        // The final statistics are taken as the exit completes: its messages, and what this node
+        // served the others while it waited for them, are in.
+        let stats = match self.call(Command::Exit)? {
+            Reply::Exited(s) => self.with_app_side(*s),
+            other => unreachable!("exit answered with {other:?}"),
+        };
         self.exited = true;
         self.engine.join()?;
         if self.stats_json {

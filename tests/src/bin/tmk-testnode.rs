@@ -469,6 +469,20 @@ fn give_up_on_error(tmk: &mut Tmk) -> R {
     Err(Error::Failed("the job went on without node 2".into()))
 }
 
+/// Node 0 goes into exit at once; the others then pass lock 0, which node 0 manages, among
+/// themselves, node 0 forwarding their requests while it waits in exit.
+fn served_in_exit(tmk: &mut Tmk) -> R {
+    let c = shared::<u64>(tmk, 1)?;
+    tmk.barrier(0)?;
+    if tmk.proc_id() != 0 {
+        for _ in 0..200 {
+            let g = tmk.lock(0)?;
+            g.view_mut(&c)?[0] += 1;
+        }
+    }
+    Ok(())
+}
+
 /// Node 0 waits at barrier 1 while the others go on to exit: the manager must fail the job
 /// naming both, not leave everybody waiting.
 fn exit_at_barrier(tmk: &mut Tmk) -> R {
@@ -804,6 +818,7 @@ fn main() -> ExitCode {
             "push" => push(&mut tmk),
             "kill" => kill(&mut tmk),
             "give-up" => give_up(&mut tmk),
+            "served-in-exit" => served_in_exit(&mut tmk),
             "give-up-on-error" => give_up_on_error(&mut tmk),
             "quiet-after-peer-death" => quiet_after_peer_death(&mut tmk),
             "fault-in-eprintln" => fault_in_eprintln(&mut tmk),

@@ -89,6 +89,8 @@ pub(crate) enum Reply {
     Done(AppDone),
     Released,
     Stats(Box<Stats>),
+    /// The exit completed: every node called it. With the node's final statistics.
+    Exited(Box<Stats>),
     ShutDown,
 }
 
@@ -166,16 +168,22 @@ impl Engine {
                 if matches!(cmd, Command::Shutdown { .. }) {
                     return Ok(Reply::ShutDown);
                 }
-                if matches!(cmd, Command::Stats) {
+                let snapshot = |node: &mut Node<HeapPages>| {
                     let mut s = (**stats).clone();
                     node.note_peak();
                     s.protocol = node.stats().clone();
                     s.consistency_bytes = node.consistency_bytes();
-                    return Ok(Reply::Stats(Box::new(s)));
+                    Box::new(s)
+                };
+                if matches!(cmd, Command::Stats) {
+                    return Ok(Reply::Stats(snapshot(node)));
                 }
                 let started = start(node, cmd)?;
                 node.run_deferred()?;
-                let reply = started.or_else(|| node.poll_done().map(Reply::Done));
+                let reply = started.or_else(|| match node.poll_done()? {
+                    AppDone::Exited => Some(Reply::Exited(snapshot(node))),
+                    done => Some(Reply::Done(done)),
+                });
                 debug_assert!(node.poll_transmit().is_none(), "a one-node job sent a message");
                 Ok(reply.expect("a one-node job completes every request at once"))
             }

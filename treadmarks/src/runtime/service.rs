@@ -390,13 +390,16 @@ impl Service {
     }
 
     fn snapshot(&self) -> Stats {
+        self.snapshot_of(&mut self.node())
+    }
+
+    /// [`Service::snapshot`] with the node already locked.
+    fn snapshot_of(&self, node: &mut Node<HeapPages>) -> Stats {
         let mut s = self.stats.clone();
-        let mut node = self.node();
         // The peak is noted at points of the protocol; the snapshot's own value counts too.
         node.note_peak();
         s.protocol = node.stats().clone();
         s.consistency_bytes = node.consistency_bytes();
-        drop(node);
         let c = self.heap.counters();
         s.fast_write_faults = c.fast_write_faults;
         s.fault_handoffs = c.handoffs;
@@ -471,8 +474,11 @@ impl Service {
                     self.mailbox.doorbell.fault_resolved();
                 }
                 AppDone::Exited => {
+                    // The final statistics: the exit's messages and all the node served while
+                    // it waited in exit are in (`pump` sent what the node queued first).
                     self.exited = true;
-                    self.reply(Ok(Reply::Done(AppDone::Exited)));
+                    let s = self.snapshot_of(node);
+                    self.reply(Ok(Reply::Exited(Box::new(s))));
                 }
                 other => self.reply(Ok(Reply::Done(other))),
             }
