@@ -38,7 +38,7 @@ const GRACE: Duration = Duration::from_secs(3);
 /// How long a node whose application is blocked in a fault lets its link writers put the abort
 /// on the wire before it exits (`Service::fail`).
 const ABORT_FLUSH: Duration = Duration::from_millis(100);
-/// How long an exiting node waits for its peers' goodbyes.
+/// How long a node waits, at its exit or its shutdown, for its peers to close their links.
 const GOODBYE_WAIT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -214,23 +214,19 @@ impl Service {
         }
         if self.shutdown {
             let mailbox = self.mailbox.clone();
+            // The aborts go out and the write halves close; then the peers, told, close theirs
+            // (their application answered, or their grace period over): reading on until they
+            // do means no socket closes with unread input, whose reset would throw away what
+            // the kernel had not yet sent, the abort perhaps.
             self.links.flush_and_close().await;
+            wait_closed(&mut self.open, &mut events).await;
             *mailbox.reply.lock().expect("mailbox") = Some(Ok(Reply::ShutDown));
             return mailbox.doorbell.wake_app();
         }
         // Orderly close: say goodbye, then wait (bounded) until every peer has said it too, so no
         // socket is closed with unread data (which would reset the peer's connection).
         self.links.goodbye();
-        let _ = tokio::time::timeout(GOODBYE_WAIT, async {
-            while self.open.iter().any(|&o| o) {
-                match events.recv().await {
-                    Some(LinkEvent::Closed { from, .. }) => self.open[from.idx()] = false,
-                    Some(LinkEvent::Frame { .. }) => {}
-                    None => break,
-                }
-            }
-        })
-        .await;
+        wait_closed(&mut self.open, &mut events).await;
         self.links.flush_and_close().await;
     }
 
@@ -532,4 +528,19 @@ fn fault_exit(me: NodeId, why: &str) -> ! {
         "treadmarks: {me}: the application is blocked in a page fault and the job failed ({why}); exiting"
     ));
     std::process::exit(1);
+}
+
+/// Reads and drops what the peers still send until every link in `open` is closed for reading,
+/// for at most [`GOODBYE_WAIT`].
+async fn wait_closed(open: &mut [bool], events: &mut mpsc::UnboundedReceiver<LinkEvent>) {
+    let _ = tokio::time::timeout(GOODBYE_WAIT, async {
+        while open.iter().any(|&o| o) {
+            match events.recv().await {
+                Some(LinkEvent::Closed { from, .. }) => open[from.idx()] = false,
+                Some(LinkEvent::Frame { .. }) => {}
+                None => break,
+            }
+        }
+    })
+    .await;
 }
