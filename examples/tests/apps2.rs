@@ -36,7 +36,7 @@ fn water_fails_a_run_that_lost_a_force_update() {
         cmd.args(["-n", "2", "--molecules", "128", "--steps", "2"])
             .env("WATER_TEST_DROP_FORCE", molecule)
             .env("TMK_HEAP_BASE", heap_base(106))
-            .env("TMK_HEAP_SIZE", "256MiB")
+            .env("TMK_HEAP_SIZE", "192MiB")
             .env("TMK_CONNECT_TIMEOUT", "20");
         let out = Job::spawn(cmd).wait(Duration::from_secs(120));
         assert_eq!(out.code, Some(1), "molecule {molecule}: {out:#?}");

@@ -97,7 +97,7 @@ pub fn check_app_modes(exe: &str, slot0: u64, args: &[&str]) {
     let threads = (1..=4).map(|n| ("threads", n));
     for (k, (mode, nprocs)) in dsm.chain(threads).chain([("seq", 1)]).enumerate() {
         let slot = slot0 + (k as u64).min(4);
-        check_app_run(exe, mode, nprocs, slot, args, &[("TMK_HEAP_SIZE", "256MiB")]);
+        check_app_run(exe, mode, nprocs, slot, args, &[("TMK_HEAP_SIZE", "192MiB")]);
     }
 }
 

@@ -271,6 +271,25 @@ fn final_statistics_count_what_a_node_served_in_exit() {
     }
 }
 
+/// On the mprotect backend, with no heap size asked for, the default 1 GiB heap shrinks to what
+/// `vm.max_map_count` allows (said once, by the launcher, whose nodes take its size), where it
+/// refused to start; a size asked for is used or refused.
+#[test]
+fn the_default_heap_fits_the_mprotect_backends_mapping_limit() {
+    let limit: u64 = std::fs::read_to_string("/proc/sys/vm/max_map_count").unwrap().trim().parse().unwrap();
+    let shrinks = limit < (1 << 18) + 4096;
+    // An empty TMK_HEAP_SIZE is unset: the default applies.
+    let out = run_on("mprotect", "counter", 3, 33, &[("TMK_HEAP_SIZE", "")]);
+    out.assert_pass("counter");
+    let said = out.stderr.matches("allows a heap of").count();
+    assert_eq!(said, usize::from(shrinks), "vm.max_map_count = {limit}: {out:#?}");
+    if shrinks {
+        let out = run_on("mprotect", "counter", 2, 34, &[("TMK_HEAP_SIZE", "1GiB")]);
+        assert_ne!(out.code, Some(0), "{out:#?}");
+        assert!(out.stderr.contains("more than vm.max_map_count"), "{out:#?}");
+    }
+}
+
 #[test]
 fn a_node_that_dies_while_the_job_starts_stops_the_launcher_at_once() {
     for (_, out) in

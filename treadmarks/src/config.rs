@@ -5,7 +5,7 @@
 //! | nodes | `TMK_NPROCS` | `-n N`, `--nprocs N` | 1 |
 //! | this node's rank (join an existing job) | `TMK_RANK` | `--rank R` | unset: start the job |
 //! | where node 0 listens / others meet it | `TMK_ROOT` | `--root HOST:PORT` | `127.0.0.1:0` when launching |
-//! | heap size | `TMK_HEAP_SIZE` (`256MiB`, `1GiB`, bytes) | | 1 GiB |
+//! | heap size | `TMK_HEAP_SIZE` (`256MiB`, `1GiB`, bytes) | | 1 GiB; on the mprotect backend (multi-node jobs) at most what `vm.max_map_count` allows (240 MiB at its default), said once |
 //! | heap base address | `TMK_HEAP_BASE` (hex) | | `0x600000000000` |
 //! | locks / barriers | `TMK_LOCKS` / `TMK_BARRIERS` | | 1024 / 64 |
 //! | collect consistency data past | `TMK_GC_THRESHOLD` (`1MiB`, bytes) | | 32 MiB or a quarter of the heap, if less |
@@ -62,6 +62,11 @@ pub struct Config {
     pub role: Role,
     pub root: Option<SocketAddr>,
     pub heap_size: usize,
+    /// On the mprotect fault backend, shrink a heap larger than `vm.max_map_count` allows to the
+    /// largest that fits, saying so, instead of refusing to start ([`crate::mem::fit_heap`]).
+    /// On by default; `TMK_HEAP_SIZE` turns it off (a size asked for is used or refused). A
+    /// launcher passes its nodes the size it chose.
+    pub fit_heap: bool,
     pub heap_base: usize,
     pub nlocks: u32,
     pub nbarriers: u32,
@@ -172,6 +177,7 @@ impl Default for Config {
             role: Role::Launcher,
             root: None,
             heap_size: 1 << 30,
+            fit_heap: true,
             heap_base: 0x6000_0000_0000,
             nlocks: 1024,
             nbarriers: 64,
@@ -392,6 +398,7 @@ impl Config {
         }
         if let Some(v) = env("TMK_HEAP_SIZE")? {
             c.heap_size = parse_size("TMK_HEAP_SIZE", &v)?;
+            c.fit_heap = false;
         }
         if let Some(v) = env("TMK_HEAP_BASE")? {
             let hex = v.trim().trim_start_matches("0x");
@@ -787,7 +794,7 @@ mod tests {
             let (back, rest) = Config::from_vars_and_args(var, Vec::new()).unwrap();
             assert!(rest.is_empty());
             let mut want = c.clone();
-            want.pin = Some(false);
+            (want.pin, want.fit_heap) = (Some(false), false);
             assert_eq!(format!("{back:?}"), format!("{want:?}"));
         }
         // Every setting is passed on but the node's place in the job, which the launcher sets.

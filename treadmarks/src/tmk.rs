@@ -112,6 +112,22 @@ impl Tmk {
         }
         // A 1-node job never protects its heap, so it needs no fault backend.
         let backend = if n > 1 { crate::mem::select_backend(config.faults)? } else { FaultBackend::Mprotect };
+        let mut config = config;
+        if n > 1 && backend == FaultBackend::Mprotect && config.fit_heap {
+            // Before the nodes are spawned: they are passed the size chosen here.
+            let (fitted, limit) = crate::mem::fit_heap(config.heap_size);
+            if fitted < config.heap_size {
+                crate::report(&format!(
+                    "treadmarks: on the mprotect fault backend every page can be a mapping of its own, and \
+                     vm.max_map_count = {limit} allows a heap of {}, not {}: the heap is {} (set \
+                     TMK_HEAP_SIZE to choose, use userfaultfd on Linux 6.2+, or raise the limit)",
+                    crate::mem::Bytes(fitted),
+                    crate::mem::Bytes(config.heap_size),
+                    crate::mem::Bytes(fitted),
+                ));
+                config.heap_size = fitted;
+            }
+        }
         let layout = HeapLayout { base: config.heap_base, size: config.heap_size, protect: n > 1 };
         let heap = Heap::map_with(layout, backend)?;
         // A job started here has all its nodes on this machine.

@@ -108,6 +108,17 @@ fn mappings_in_use() -> u64 {
     std::fs::read_to_string("/proc/self/maps").map(|s| s.lines().count() as u64).unwrap_or(256)
 }
 
+/// The largest heap (bytes, a multiple of 16 MiB) of at most `size` that an `mprotect` heap can
+/// have under `vm.max_map_count` ([`check_map_count`]), with room for the mappings the process
+/// has now and as many again that it may make before it maps the heap, and the limit itself.
+pub fn fit_heap(size: usize) -> (usize, u64) {
+    const STEP: usize = 16 << 20;
+    let max = max_map_count();
+    let spare = max.saturating_sub(2 * mappings_in_use() + 2 * MAP_COUNT_MARGIN);
+    let fits = usize::try_from(spare).unwrap_or(usize::MAX).saturating_mul(system_page_size());
+    (size.min(fits / STEP * STEP).max(STEP.min(size)), max)
+}
+
 /// Refuses an `mprotect` heap of `npages` pages that could need more mappings than
 /// `vm.max_map_count` allows. In the worst case (a checkerboard of page states) every page is a
 /// run of its own, i.e. a mapping of its own; the process's own mappings and

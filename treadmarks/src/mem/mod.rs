@@ -179,8 +179,9 @@ mod view;
 #[cfg(test)]
 pub(crate) mod tests;
 
-pub use backend::{FaultBackend, FaultsMode, MAP_COUNT_MARGIN, select_backend, uffd_support};
+pub use backend::{FaultBackend, FaultsMode, MAP_COUNT_MARGIN, fit_heap, select_backend, uffd_support};
 pub use doorbell::{Doorbell, FaultKind};
+pub(crate) use error::Bytes;
 pub use error::MemError;
 pub use fault::FaultHandler;
 pub(crate) use heap::system_page_size;
