@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! tmk-bench [--apps sor,water|all] [--nodes 1,2,4] [--reps 3] [--small] [--args 'APP=FLAGS']...
-//!           [--bin DIR] [--out DIR]
+//!           [--bin DIR] [--out DIR] [--timeout SECS]
 //! ```
 //!
 //! `--args 'radix=--keys 4194304'` runs an app at a size of one's choosing (its flags replace

@@ -23,9 +23,6 @@ fn fmt_ratio(r: Option<f64>) -> String {
     r.map_or("-".into(), |r| format!("{r:.2}"))
 }
 
-/// The lowest and highest of the ratios `a / b` of each repetition: the modes of a repetition run
-/// one after another, so a slow minute of the machine hits both times of a pair. None unless
-/// both cells passed every one of two or more repetitions (a failed one would shift the pairs).
 /// The median of `xs`: the middle value, or the mean of the two middle ones.
 pub fn median(xs: &[f64]) -> Option<f64> {
     let mut v = xs.to_vec();
@@ -38,6 +35,9 @@ pub fn median(xs: &[f64]) -> Option<f64> {
     }
 }
 
+/// The lowest and highest of the ratios `a / b` of each repetition: the modes of a repetition run
+/// one after another, so a slow minute of the machine hits both times of a pair. None unless
+/// both cells passed every one of two or more repetitions (a failed one would shift the pairs).
 fn ratio_range(a: &Cell, b: &Cell) -> Option<(f64, f64)> {
     if a.reps.len() < 2 || a.reps.len() != b.reps.len() || !a.errors.is_empty() || !b.errors.is_empty() {
         return None;
