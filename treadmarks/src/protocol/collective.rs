@@ -21,6 +21,10 @@ use super::node::{AppDone, Node, Pending};
 
 const ROOT: NodeId = NodeId(0);
 
+/// Largest value [`Node::request_distribute`] sends: a frame holds 64 MiB
+/// (`transport::codec::MAX_FRAME`), and a `Distribute` message's other fields take a few bytes.
+pub const MAX_DISTRIBUTE: usize = (64 << 20) - 1024;
+
 impl<M: PageMemory> Node<M> {
     /// Allocates `bytes` of shared heap aligned to `align`; completes with
     /// [`AppDone::Allocated`] carrying the heap offset.
@@ -79,7 +83,11 @@ impl<M: PageMemory> Node<M> {
 
     /// Collective: node 0 passes `Some(bytes)`, the others `None`; every node completes with
     /// [`AppDone::Distributed`] carrying node 0's bytes. Calls pair up in order.
+    /// A value larger than [`MAX_DISTRIBUTE`] is refused, nothing sent: no frame would hold it.
     pub fn request_distribute(&mut self, bytes: Option<Vec<u8>>) -> Result<(), ProtocolError> {
+        if let Some(b) = bytes.as_ref().filter(|b| b.len() > MAX_DISTRIBUTE) {
+            return Err(ProtocolError::DistributeTooLarge { bytes: b.len(), max: MAX_DISTRIBUTE });
+        }
         self.begin("distribute")?;
         let seq = self.distribute_seq;
         self.distribute_seq += 1;

@@ -49,6 +49,9 @@ pub enum ProtocolError {
         "{waiting} waits for distributed value {value} while node 0 is {root}: every distribute call on node 0 pairs with one on every node"
     )]
     DistributeUnanswered { waiting: NodeId, value: u64, root: String },
+    /// A value to distribute larger than a message holds.
+    #[error("distribute of {bytes} bytes: a value may have at most {max}")]
+    DistributeTooLarge { bytes: usize, max: usize },
     /// An allocation failed.
     #[error(transparent)]
     Alloc(#[from] AllocFailure),

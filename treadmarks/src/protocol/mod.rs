@@ -64,6 +64,7 @@ mod scenarios;
 #[cfg(test)]
 mod sim;
 
+pub use collective::MAX_DISTRIBUTE;
 pub use diff::Diff;
 pub use error::ProtocolError;
 pub use ids::{BarrierId, DiffSeq, IntervalIdx, LockId, NodeId, PageIdx};

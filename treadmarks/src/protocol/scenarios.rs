@@ -1790,6 +1790,23 @@ fn a_distribute_node_0_will_not_answer_is_an_error_naming_the_waiting_node() {
     );
 }
 
+/// A value no frame would hold is refused on node 0, nothing sent; the largest that is allowed
+/// goes, and the job goes on.
+#[test]
+fn a_value_too_large_to_distribute_is_refused_naming_its_size() {
+    let mut net = Net::new(2);
+    let err = net.nodes[0].request_distribute(Some(vec![0; MAX_DISTRIBUTE + 1])).expect_err("too large");
+    assert_eq!(err, ProtocolError::DistributeTooLarge { bytes: MAX_DISTRIBUTE + 1, max: MAX_DISTRIBUTE });
+    assert!(err.to_string().contains(&format!("distribute of {} bytes", MAX_DISTRIBUTE + 1)), "{err}");
+    assert!(net.nodes[0].poll_transmit().is_none());
+    net.nodes[0].request_distribute(Some(vec![3; MAX_DISTRIBUTE])).unwrap();
+    net.nodes[1].request_distribute(None).unwrap();
+    net.settle();
+    assert_eq!(net.done(0), Some(AppDone::Distributed(vec![3; MAX_DISTRIBUTE])));
+    assert_eq!(net.done(1), Some(AppDone::Distributed(vec![3; MAX_DISTRIBUTE])));
+    net.barrier();
+}
+
 #[test]
 fn a_distributed_value_nobody_takes_is_warned_of_at_exit() {
     let mut net = Net::new(2);

@@ -448,6 +448,20 @@ mod tests {
         assert_eq!(joined, frame(&many).unwrap());
     }
 
+    /// The largest value `distribute` sends fits a frame, with fields at their widest.
+    #[test]
+    fn the_largest_distribute_fits_a_frame() {
+        use crate::protocol::{MAX_DISTRIBUTE, Message};
+        let msg = Message::Distribute {
+            seq: u64::MAX,
+            bytes: ByteBuf::from(vec![7; MAX_DISTRIBUTE]),
+            heap_end: u64::MAX,
+        };
+        let mut out = Vec::new();
+        encode_frame(&msg, &mut out).unwrap();
+        assert!(out.len() <= HEADER_LEN + MAX_FRAME, "{} bytes", out.len());
+    }
+
     #[test]
     fn frame_reader_cuts_frames_from_pieces() {
         let msgs: Vec<Sample> = (0..5).map(sample).collect();
