@@ -206,9 +206,17 @@ fn meet_as_root(
         joined.iter().skip(1).map(|j| j.as_ref().expect("gather_hellos fills every rank but 0").listen_addr),
     );
     let table = Handshake::Table { addrs };
-    for (rank, slot) in joined.into_iter().enumerate().skip(1) {
+    let mut rest = joined.into_iter().enumerate().skip(1);
+    while let Some((rank, slot)) = rest.next() {
         let mut peer = slot.expect("gather_hellos fills every rank but 0");
-        send(&mut peer.stream, peer.from, &table, deadline, "send the table to")?;
+        if let Err(err) = send(&mut peer.stream, peer.from, &table, deadline, "send the table to") {
+            // The ranks still to be sent the table are told why it will not come.
+            let reason = format!("node {rank}: {err}");
+            for j in rest.filter_map(|(_, slot)| slot) {
+                reject(j.stream, j.from, &reason);
+            }
+            return Err(err);
+        }
         peers[rank] = Some(peer.stream);
     }
     Ok(())
@@ -297,7 +305,7 @@ fn reject(mut stream: TcpStream, addr: SocketAddr, reason: &str) {
 
 fn meet_as_peer(cfg: &MeshConfig, deadline: &Deadline, peers: &mut [Option<TcpStream>]) -> Result<()> {
     let rank = cfg.rank;
-    let mut root = connect_root(cfg.root, deadline)?;
+    let mut root = connect_root(cfg.root, deadline, TcpStream::connect_timeout)?;
     let local_ip = root
         .local_addr()
         .map_err(|source| TransportError::Io {
@@ -387,26 +395,34 @@ fn meet_as_peer(cfg: &MeshConfig, deadline: &Deadline, peers: &mut [Option<TcpSt
     Ok(())
 }
 
-/// Connects to the root, retrying while it is not listening yet.
-fn connect_root(root: SocketAddr, deadline: &Deadline) -> Result<TcpStream> {
+/// Connects to the root with `connect`, retrying until the deadline while it is not listening
+/// yet, or not reachable yet (its host starting: the kernel may give up on a connection that gets
+/// no answer, ~2 min, long before a generous deadline).
+fn connect_root(
+    root: SocketAddr,
+    deadline: &Deadline,
+    mut connect: impl FnMut(&SocketAddr, Duration) -> io::Result<TcpStream>,
+) -> Result<TcpStream> {
     let waiting_for = || format!("the root (node 0) to accept us at {root}");
     let mut pause = CONNECT_BACKOFF.0;
     loop {
         let remaining = deadline.remaining(waiting_for)?;
-        match TcpStream::connect_timeout(&root, remaining) {
+        match connect(&root, remaining) {
             Ok(stream) => {
                 set_nodelay(&stream, root)?;
                 return Ok(stream);
             }
-            Err(err) if is_timeout(&err) => return Err(deadline.expired(waiting_for())),
             Err(err)
-                if matches!(
-                    err.kind(),
-                    io::ErrorKind::ConnectionRefused
-                        | io::ErrorKind::ConnectionReset
-                        | io::ErrorKind::ConnectionAborted
-                        | io::ErrorKind::Interrupted
-                ) =>
+                if is_timeout(&err)
+                    || matches!(
+                        err.kind(),
+                        io::ErrorKind::ConnectionRefused
+                            | io::ErrorKind::ConnectionReset
+                            | io::ErrorKind::ConnectionAborted
+                            | io::ErrorKind::Interrupted
+                            | io::ErrorKind::HostUnreachable
+                            | io::ErrorKind::NetworkUnreachable
+                    ) =>
             {
                 let remaining = deadline.remaining(waiting_for)?;
                 thread::sleep(pause.min(remaining));
@@ -656,6 +672,30 @@ mod tests {
         )
     }
 
+    /// A connection the kernel gave up on (no answer) or could not route is tried again while
+    /// the meeting's deadline allows: it was reported as the meeting's own timeout, its time
+    /// wrong, however much of it was left.
+    #[test]
+    fn the_root_is_called_again_after_a_connection_the_kernel_gave_up_on() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let root = listener.local_addr().unwrap();
+        let mut failures =
+            vec![io::ErrorKind::TimedOut, io::ErrorKind::HostUnreachable, io::ErrorKind::TimedOut];
+        let deadline = Deadline::after(Duration::from_secs(30));
+        let stream = connect_root(root, &deadline, |addr, left| match failures.pop() {
+            Some(kind) => Err(io::Error::from(kind)),
+            None => TcpStream::connect_timeout(addr, left),
+        })
+        .unwrap();
+        assert!(failures.is_empty());
+        assert_eq!(stream.peer_addr().unwrap(), root);
+        // With the deadline past, the timeout is the meeting's, named.
+        let deadline = Deadline::after(Duration::from_millis(20));
+        let err =
+            connect_root(root, &deadline, |_, _| Err(io::Error::from(io::ErrorKind::TimedOut))).unwrap_err();
+        assert!(matches!(err, TransportError::Timeout { .. }), "{err}");
+    }
+
     #[test]
     fn four_nodes_get_a_full_mesh() {
         let n = 4;
@@ -812,6 +852,31 @@ mod tests {
         raw.read_to_end(&mut bytes).unwrap();
         let reply: Handshake = decode_payload(&bytes[HEADER_LEN..]).unwrap();
         assert!(matches!(reply, Handshake::Reject { .. }), "{reply:?}");
+    }
+
+    /// A rank whose connection breaks after its hello fails the meeting, and the ranks the table
+    /// had yet to go to are told why (they were left to find the root's connection closed).
+    #[test]
+    fn a_rank_lost_before_the_table_fails_the_meeting_and_the_rest_are_told() {
+        let (listener, root) = bind_root();
+        let t = Duration::from_secs(10);
+        let root_node = thread::spawn(move || connect_mesh(&config(3, 0, root, t), Some(listener)));
+        let raw = TcpStream::connect(root).unwrap();
+        let hello =
+            Handshake::Hello { rank: NodeId(1), nprocs: 3, fingerprint: FP.to_owned(), listen_addr: root };
+        (&raw).write_all(&codec::frame(&hello).unwrap()).unwrap();
+        // Closed with a reset: the root still reads the hello (received data stays readable
+        // after a reset), and writing the table to it fails.
+        let linger = nix::sys::socket::sockopt::Linger;
+        nix::sys::socket::setsockopt(&raw, linger, &libc::linger { l_onoff: 1, l_linger: 0 }).unwrap();
+        drop(raw);
+        let peer = connect_mesh(&config(3, 2, root, t), None).unwrap_err();
+        let root_err = root_node.join().unwrap().unwrap_err();
+        assert!(matches!(root_err, TransportError::Io { op: "send the table to", .. }), "{root_err}");
+        assert!(
+            matches!(&peer, TransportError::Rejected { reason, .. } if reason.starts_with("node 1: ")),
+            "{peer}"
+        );
     }
 
     #[test]
