@@ -263,7 +263,7 @@ impl Service {
 
     fn on_link(&mut self, ev: LinkEvent) {
         match ev {
-            LinkEvent::Frame { from, payload } => {
+            LinkEvent::Frame { from, payload, .. } => {
                 if self.failed.is_some() {
                     return;
                 }

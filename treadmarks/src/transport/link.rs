@@ -31,9 +31,13 @@
 //!   [`LinkEvent::Closed`] for that peer (unless the event receiver is gone); a header above
 //!   [`MAX_FRAME`](super::codec::MAX_FRAME) or a stream cut inside a frame is
 //!   [`CloseCause::Malformed`], never a panic (a payload buffer is allocated at the announced
-//!   size, so one frame costs at most 64 MiB; frames read wait in the event queue, unbounded,
-//!   until the service thread takes them: what bounds them is the protocol, in which an honest
-//!   peer sends replies to requests, grants to acquires and a barrier's pushes);
+//!   size, so one frame costs at most 64 MiB);
+//! - a reader holds at most [`UNTAKEN_LIMIT`] bytes of frames the event receiver has not taken
+//!   (dropped the [`LinkEvent`] of), or one frame if that is larger: past it, it reads no more
+//!   until events are taken, and the peer's writes wait in TCP. So a peer sending faster than
+//!   this node handles its frames costs bounded memory. It cannot deadlock: the receiver takes
+//!   events without waiting for any link, and no send waits for the socket (the writers'
+//!   queues take what it does not);
 //! - counters count data frames and their bytes (header included); the goodbye frame is not
 //!   counted.
 //!
@@ -56,6 +60,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
 use super::codec::{FrameLen, FrameParts, GOODBYE_FRAME, HEADER_LEN, decode_header};
@@ -70,6 +75,9 @@ pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A writer stops gathering queued frames into one write once it holds this many bytes.
 const COALESCE_LIMIT: usize = 256 << 10;
+
+/// Bytes of frames one peer's reader may hold that the event receiver has not taken yet.
+pub const UNTAKEN_LIMIT: usize = 128 << 20;
 
 /// Capacity of a reader's buffer: many small frames are read with one syscall.
 const READ_BUFFER: usize = 64 << 10;
@@ -173,6 +181,8 @@ pub enum LinkEvent {
         from: NodeId,
         /// The payload, for [`decode_payload`](super::codec::decode_payload).
         payload: Vec<u8>,
+        /// The frame's share of its reader's [`UNTAKEN_LIMIT`], given back when dropped.
+        untaken: Untaken,
     },
     /// The link from `from` is closed for reading; no more events come from it.
     Closed {
@@ -182,6 +192,11 @@ pub enum LinkEvent {
         cause: CloseCause,
     },
 }
+
+/// A frame's share of its reader's [`UNTAKEN_LIMIT`]: while the event holding it lives, the
+/// reader counts the frame as not yet taken.
+#[derive(Debug)]
+pub struct Untaken(#[expect(dead_code, reason = "held for its drop")] OwnedSemaphorePermit);
 
 /// Why a link closed for reading.
 #[derive(Debug)]
@@ -299,6 +314,15 @@ impl Links {
     ///
     /// Outside a tokio runtime.
     pub fn start(mesh: Mesh, events: UnboundedSender<LinkEvent>) -> Result<Links> {
+        Self::start_with_limit(mesh, events, UNTAKEN_LIMIT)
+    }
+
+    /// [`Links::start`] with readers that hold at most `untaken_limit` bytes of frames not taken.
+    fn start_with_limit(
+        mesh: Mesh,
+        events: UnboundedSender<LinkEvent>,
+        untaken_limit: usize,
+    ) -> Result<Links> {
         let Mesh { rank, nprocs, peers } = mesh;
         let counters: Arc<[Counters]> = (0..nprocs).map(|_| Counters::default()).collect();
         let pool = Arc::new(BufferPool::reserved(RESERVED_BUFFERS, RESERVED_BUFFER));
@@ -334,6 +358,7 @@ impl Links {
                 read_half,
                 peer,
                 events.clone(),
+                Arc::new(Semaphore::new(untaken_limit)),
                 Arc::clone(&counters),
                 Arc::clone(&pool),
             ));
@@ -650,9 +675,12 @@ async fn read_loop(
     half: OwnedReadHalf,
     from: NodeId,
     events: UnboundedSender<LinkEvent>,
+    untaken: Arc<Semaphore>,
     counters: Arc<[Counters]>,
     pool: Arc<BufferPool>,
 ) {
+    // Up to the whole budget for one frame: a frame larger than it is read alone.
+    let limit = untaken.available_permits();
     let counters = &counters[from.idx()];
     let mut reader = BufReader::with_capacity(READ_BUFFER, half);
     let cause = loop {
@@ -674,6 +702,12 @@ async fn read_loop(
             Ok(FrameLen::Payload(len)) => len,
             Err(err) => break CloseCause::Malformed(err),
         };
+        // Before the payload is read (and its buffer allocated): wait while the frames not taken
+        // hold the budget.
+        let share = u32::try_from((HEADER_LEN + len).min(limit)).unwrap_or(u32::MAX);
+        let Ok(permit) = Arc::clone(&untaken).acquire_many_owned(share).await else {
+            unreachable!("the reader's semaphore is never closed")
+        };
         // Into a recycled buffer's capacity, without zeroing it first (a small payload into one
         // of its own size, `SMALL_PAYLOAD`).
         let mut payload = if len <= SMALL_PAYLOAD { Vec::with_capacity(len) } else { pool.take(len) };
@@ -690,7 +724,7 @@ async fn read_loop(
             Err(err) => break CloseCause::Error(err),
         }
         counters.add_received((HEADER_LEN + len) as u64);
-        if events.send(LinkEvent::Frame { from, payload }).is_err() {
+        if events.send(LinkEvent::Frame { from, payload, untaken: Untaken(permit) }).is_err() {
             return; // Nobody listens any more.
         }
     };
@@ -795,7 +829,7 @@ mod tests {
         let links = Links::start(mesh, tx).unwrap();
         loop {
             match next_event(&mut rx).await {
-                LinkEvent::Frame { from, payload } => {
+                LinkEvent::Frame { from, payload, .. } => {
                     assert_eq!(from, NodeId(0));
                     links.send(from, echo_frame(&payload)).unwrap();
                 }
@@ -823,7 +857,7 @@ mod tests {
             for i in 0..1000u32 {
                 links.send(NodeId(1), frame_of(&(i, body(i)))).unwrap();
                 match next_event(&mut rx).await {
-                    LinkEvent::Frame { from, payload } => {
+                    LinkEvent::Frame { from, payload, .. } => {
                         assert_eq!(from, NodeId(1));
                         let (j, b): (u32, ByteBuf) = decode_payload(&payload).unwrap();
                         assert_eq!((j, b), (i, body(i)));
@@ -1067,6 +1101,63 @@ mod tests {
             links.flush_and_close().await;
         });
         echo.join().unwrap();
+    }
+
+    /// A peer sending faster than the receiver takes events: the reader holds at most its budget
+    /// of frames not taken (their bytes read and counted), then reads on as events are taken;
+    /// every frame arrives, in order. A frame larger than the budget is read alone.
+    #[test]
+    fn a_reader_holds_at_most_its_budget_of_frames_not_taken() {
+        const LIMIT: usize = 256 << 10;
+        const FRAMES: u32 = 256;
+        let (zero, one) = two_meshes();
+        let sender = thread::spawn(move || {
+            on_runtime(async move {
+                let (tx, mut rx) = mpsc::unbounded_channel();
+                let links = Links::start(one, tx).unwrap();
+                for i in 0..FRAMES {
+                    links.send(NodeId(0), frame_of(&(i, ByteBuf::from(vec![i as u8; 16 << 10])))).unwrap();
+                }
+                links.send(NodeId(0), frame_of(&(FRAMES, ByteBuf::from(vec![1u8; 2 * LIMIT])))).unwrap();
+                links.goodbye();
+                loop {
+                    if let LinkEvent::Closed { .. } = next_event(&mut rx).await {
+                        break;
+                    }
+                }
+                links.flush_and_close().await;
+            })
+        });
+        on_runtime(async move {
+            let (tx, mut rx) = mpsc::unbounded_channel();
+            let links = Links::start_with_limit(zero, tx, LIMIT).unwrap();
+            let read = || links.counters()[1].bytes_received as usize;
+            // The reader fills its budget (bounded wait), and goes no further while nothing is taken.
+            let deadline = tokio::time::Instant::now() + WAIT;
+            while read() + (16 << 10) + 64 < LIMIT {
+                assert!(tokio::time::Instant::now() < deadline, "the reader stopped at {} bytes", read());
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            for _ in 0..20 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                assert!(read() <= LIMIT, "{} bytes read and not taken, the budget is {LIMIT}", read());
+            }
+            for i in 0..=FRAMES {
+                let LinkEvent::Frame { payload, .. } = next_event(&mut rx).await else {
+                    panic!("closed at {i}")
+                };
+                let (got, body): (u32, ByteBuf) = decode_payload(&payload).unwrap();
+                assert_eq!(got, i);
+                assert_eq!(body.len(), if i < FRAMES { 16 << 10 } else { 2 * LIMIT });
+            }
+            assert!(matches!(
+                next_event(&mut rx).await,
+                LinkEvent::Closed { cause: CloseCause::Goodbye, .. }
+            ));
+            links.goodbye();
+            links.flush_and_close().await;
+        });
+        sender.join().unwrap();
     }
 
     #[test]
