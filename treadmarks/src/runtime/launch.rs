@@ -132,9 +132,17 @@ impl Children {
                         }
                     }
                     Ok(None) => i += 1,
+                    // Reaped already, by someone else (`SIGCHLD` ignored, say): its status is
+                    // gone, and its exit rendezvous passed or the job failed without it.
+                    Err(e) if e.raw_os_error() == Some(libc::ECHILD) => {
+                        self.procs.swap_remove(i);
+                    }
+                    // Left in the list, to be killed and reaped at the deadline.
                     Err(e) => {
-                        let (node, _) = self.procs.swap_remove(i);
-                        first_error.get_or_insert(Error::NodeExited { node, status: e.to_string() });
+                        let node = self.procs[i].0;
+                        first_error
+                            .get_or_insert(Error::NodeExited { node, status: format!("unknown ({e})") });
+                        i += 1;
                     }
                 }
             }
@@ -228,5 +236,15 @@ mod tests {
         }
         assert!(children.wait(Duration::ZERO).is_ok());
         assert!(!exists(pid));
+    }
+
+    /// A node reaped behind the launcher's back (an application ignoring `SIGCHLD` has its
+    /// children reaped by the kernel) is gone, not failed: a clean job's exit reported it.
+    #[test]
+    fn a_node_reaped_elsewhere_is_not_a_failure() {
+        let children = child("true", "");
+        let pid = nix::unistd::Pid::from_raw(children.procs[0].1.id() as i32);
+        nix::sys::wait::waitpid(pid, None).expect("reap it");
+        assert!(children.wait(Duration::from_secs(10)).is_ok());
     }
 }
