@@ -23,7 +23,7 @@
 
 use super::{Command, Mailbox, Reply, SharedNode, lock_node, start};
 use crate::error::Error;
-use crate::mem::{FaultKind, Heap, HeapPages, register_service_fd};
+use crate::mem::{FaultKind, Heap, HeapPages, ServiceFd, register_service_fd};
 use crate::protocol::{AppDone, Message, Node, NodeId, ProtocolError, decode_sharing};
 use crate::stats::Stats;
 use crate::transport::{CloseCause, LinkEvent, Links, Mesh, codec};
@@ -31,6 +31,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 
 /// How long a node whose job failed waits for its application to notice before exiting.
@@ -113,6 +114,14 @@ pub(crate) fn spawn(
                         Ok(links) => links,
                         Err(e) => return drop(ready_tx.send(Err(e.into()))),
                     };
+                    // Before the start is reported: a failure here is the caller's error.
+                    let doorbell = match register_service_fd(mailbox.doorbell.clone()) {
+                        Ok(fd) => fd,
+                        Err(e) => {
+                            let why = format!("cannot watch the doorbell's eventfd: {e}");
+                            return drop(ready_tx.send(Err(Error::Failed(why))));
+                        }
+                    };
                     let svc = Service {
                         me,
                         node,
@@ -132,7 +141,7 @@ pub(crate) fn spawn(
                         after_settle: None,
                     };
                     let _ = ready_tx.send(Ok(()));
-                    svc.run(rx).await;
+                    svc.run(rx, doorbell).await;
                 })
             }));
             if served.is_err() {
@@ -149,9 +158,7 @@ pub(crate) fn spawn(
 }
 
 impl Service {
-    async fn run(mut self, mut events: mpsc::UnboundedReceiver<LinkEvent>) {
-        let doorbell = register_service_fd(self.mailbox.doorbell.clone())
-            .expect("register the doorbell eventfd with tokio");
+    async fn run(mut self, mut events: mpsc::UnboundedReceiver<LinkEvent>, doorbell: AsyncFd<ServiceFd>) {
         let mut deadline: Option<tokio::time::Instant> = None;
         // Once every link's reader has ended, the channel answers `None` at once, forever: it
         // is left out of the select, or this loop would spin a CPU until the exit.
