@@ -17,9 +17,10 @@
 //! Failure: a peer that dies, leaves early or sends garbage, or a protocol error, fails the job.
 //! The application gets an error from its pending or next call; if it is blocked in a page fault
 //! (where no error can be returned) the node prints why and exits with status 1 once its abort
-//! is on its way to the peers ([`ABORT_FLUSH`]); if it computes without calling into the
-//! runtime, the node exits the same way after a grace period ([`GRACE`]), and if it then
-//! faults, it waits out that period in its fault.
+//! is on its way to the peers ([`ABORT_FLUSH`]). Otherwise the node exits the same way a grace
+//! period ([`GRACE`]) after the failure unless the application has dropped its `Tmk` by then,
+//! whatever it does meanwhile (computing without calling into the runtime, or handling the
+//! error); if it faults in that period, it waits out the period in its fault.
 
 use super::{Command, Mailbox, Reply, SharedNode, lock_node, start};
 use crate::error::Error;
