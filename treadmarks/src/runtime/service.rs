@@ -37,11 +37,18 @@ use tokio::sync::mpsc;
 
 /// How long a node whose job failed waits for its application to notice before exiting.
 const GRACE: Duration = Duration::from_secs(3);
-/// How long a node whose application is blocked in a fault lets its link writers put the abort
-/// on the wire before it exits (`Service::fail`).
+/// How long a node whose job failed while its application is blocked in a fault goes on before
+/// it ends itself (`Service::fail`), its links then flushed ([`EXIT_FLUSH`]).
 const ABORT_FLUSH: Duration = Duration::from_millis(100);
 /// How long a node waits, at its exit or its shutdown, for its peers to close their links.
 const GOODBYE_WAIT: Duration = Duration::from_secs(5);
+/// How long a node that ends itself on a failure ([`ABORT_FLUSH`], [`GRACE`]) waits for its link
+/// writers to put what they hold on the wire whole, the aborts with it: a frame cut by the exit
+/// reads to the peer as garbage, and an abort never written leaves it only an end of stream.
+const EXIT_FLUSH: Duration = Duration::from_secs(1);
+/// How long such a node then reads what its peers still send, so that its sockets close without
+/// unread input (whose reset would throw away what the kernel had not sent yet).
+const EXIT_DRAIN: Duration = Duration::from_millis(200);
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum App {
@@ -164,7 +171,9 @@ impl Service {
         // Once every link's reader has ended, the channel answers `None` at once, forever: it
         // is left out of the select, or this loop would spin a CPU until the exit.
         let mut events_open = true;
-        while !self.exited && !self.shutdown {
+        // Set when the failure's deadline passes: the node flushes its links and exits.
+        let mut give_up = false;
+        while !self.exited && !self.shutdown && !give_up {
             // Work the node left for after its messages went out (the pushes planned at a
             // barrier arrival, which the arrival, already written, announced).
             if self.failed.is_none() && self.node().has_deferred() {
@@ -201,12 +210,8 @@ impl Service {
                     self.on_doorbell();
                 }
                 _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
-                    let why = self.failed.clone().unwrap_or_default();
-                    if matches!(self.app, App::InFault(_)) {
-                        fault_exit(self.me, &why);
-                    }
-                    crate::report(&format!("treadmarks: {}: exiting: {why}", self.me));
-                    std::process::exit(1);
+                    give_up = true;
+                    continue;
                 }
                 // Gives the runtime a turn, in which it polls the sockets without sleeping.
                 _ = tokio::task::yield_now(), if polling => {}
@@ -220,6 +225,16 @@ impl Service {
                 tokio::task::yield_now().await;
             }
         }
+        if give_up {
+            let why = self.failed.clone().unwrap_or_default();
+            self.links.flush_and_close_within(EXIT_FLUSH).await;
+            wait_closed(&mut self.open, &mut events, EXIT_DRAIN).await;
+            if matches!(self.app, App::InFault(_)) {
+                fault_exit(self.me, &why);
+            }
+            crate::report(&format!("treadmarks: {}: exiting: {why}", self.me));
+            std::process::exit(1);
+        }
         if self.shutdown {
             let mailbox = self.mailbox.clone();
             // The aborts go out and the write halves close; then the peers, told, close theirs
@@ -227,14 +242,14 @@ impl Service {
             // do means no socket closes with unread input, whose reset would throw away what
             // the kernel had not yet sent, the abort perhaps.
             self.links.flush_and_close().await;
-            wait_closed(&mut self.open, &mut events).await;
+            wait_closed(&mut self.open, &mut events, GOODBYE_WAIT).await;
             *mailbox.reply.lock().expect("mailbox") = Some(Ok(Reply::ShutDown));
             return mailbox.doorbell.wake_app();
         }
         // Orderly close: say goodbye, then wait (bounded) until every peer has said it too, so no
         // socket is closed with unread data (which would reset the peer's connection).
         self.links.goodbye();
-        wait_closed(&mut self.open, &mut events).await;
+        wait_closed(&mut self.open, &mut events, GOODBYE_WAIT).await;
         self.links.flush_and_close().await;
     }
 
@@ -539,9 +554,9 @@ fn fault_exit(me: NodeId, why: &str) -> ! {
 }
 
 /// Reads and drops what the peers still send until every link in `open` is closed for reading,
-/// for at most [`GOODBYE_WAIT`].
-async fn wait_closed(open: &mut [bool], events: &mut mpsc::UnboundedReceiver<LinkEvent>) {
-    let _ = tokio::time::timeout(GOODBYE_WAIT, async {
+/// for at most `bound`.
+async fn wait_closed(open: &mut [bool], events: &mut mpsc::UnboundedReceiver<LinkEvent>, bound: Duration) {
+    let _ = tokio::time::timeout(bound, async {
         while open.iter().any(|&o| o) {
             match events.recv().await {
                 Some(LinkEvent::Closed { from, .. }) => open[from.idx()] = false,

@@ -532,7 +532,12 @@ impl Links {
     /// writers still busy then are stopped. Readers keep running until their peers close, so
     /// the caller still receives their [`LinkEvent::Closed`].
     pub async fn flush_and_close(self) {
-        let deadline = tokio::time::Instant::now() + FLUSH_TIMEOUT;
+        self.flush_and_close_within(FLUSH_TIMEOUT).await;
+    }
+
+    /// [`Links::flush_and_close`], waiting at most `within` in total.
+    pub async fn flush_and_close_within(self, within: Duration) {
+        let deadline = tokio::time::Instant::now() + within;
         for (j, link) in self.links.into_iter().enumerate() {
             let Some(Link { queue, writer, half, .. }) = link else {
                 continue;
@@ -543,11 +548,7 @@ impl Links {
             drop(half);
             let abort = writer.abort_handle();
             if tokio::time::timeout_at(deadline, writer).await.is_err() {
-                tracing::warn!(
-                    rank = %self.rank,
-                    peer = j,
-                    "link not flushed within {FLUSH_TIMEOUT:?}; closing it anyway"
-                );
+                tracing::warn!(rank = %self.rank, peer = j, "link not flushed within {within:?}; closing it anyway");
                 abort.abort();
             }
         }
