@@ -11,6 +11,7 @@ use std::ops::Range;
 use std::process::ExitCode;
 use std::sync::Barrier;
 use treadmarks::Shared;
+use treadmarks_examples::keys::mix;
 use treadmarks_examples::{App, Args, Flag, Mode, Outcome, SharedMut, Timer, block, run_app};
 
 #[derive(Clone, Copy)]
@@ -53,17 +54,12 @@ fn sweep(dst: &mut [f64], dst_p0: usize, src: &[f64], src_p0: usize, planes: Ran
     }
 }
 
-/// The initial value of every point of planes `planes` (boundary included), plane by plane.
+/// The initial value of every point of planes `planes` (boundary included), plane by plane:
+/// pseudo-random multiples of 1/1024 in 0..1, so that no plane or page repeats another (one
+/// delivered to the wrong place cannot pass the check).
 fn initial(s: &Size, planes: Range<usize>) -> Vec<f64> {
-    let mut v = Vec::with_capacity(planes.len() * s.plane());
-    for i in planes {
-        for j in 0..s.ny {
-            for k in 0..s.nz {
-                v.push(((i * 7 + j * 13 + k * 29) % 17) as f64 / 17.0);
-            }
-        }
-    }
-    v
+    let start = planes.start * s.plane();
+    (start..start + planes.len() * s.plane()).map(|p| (mix(3, p as u64) % 1024) as f64 / 1024.0).collect()
 }
 
 /// The grid after all iterations.

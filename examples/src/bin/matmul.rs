@@ -9,6 +9,7 @@ use std::ops::Range;
 use std::process::ExitCode;
 use std::sync::Barrier;
 use treadmarks::Shared;
+use treadmarks_examples::keys::mix;
 use treadmarks_examples::{App, Flag, Mode, Outcome, SharedMut, Timer, block, run_app, zeroed};
 
 /// Rows `rows` of C (into `c`, which holds just those rows) from the same rows of A (`a`) and
@@ -26,10 +27,12 @@ fn multiply(c: &mut [f64], a: &[f64], b: &[f64], rows: Range<usize>, n: usize) {
     }
 }
 
-/// Rows `rows` of A and of B: integers in -3..=3 and -2..=2.
+/// Rows `rows` of A and of B: pseudo-random integers in -3..=3 and -2..=2 (every sum exact; no
+/// row or page repeats another, so one delivered to the wrong place cannot pass the check).
 fn initial(rows: Range<usize>, n: usize) -> (Vec<f64>, Vec<f64>) {
-    let a = rows.clone().flat_map(|i| (0..n).map(move |k| ((i * 3 + k * 5) % 7) as f64 - 3.0)).collect();
-    let b = rows.flat_map(|k| (0..n).map(move |j| ((k * 11 + j * 2 + 1) % 5) as f64 - 2.0)).collect();
+    let at = move |seed, i: usize, j: usize, m: u64| (mix(seed, (i * n + j) as u64) % m) as f64;
+    let a = rows.clone().flat_map(|i| (0..n).map(move |k| at(1, i, k, 7) - 3.0)).collect();
+    let b = rows.flat_map(|k| (0..n).map(move |j| at(2, k, j, 5) - 2.0)).collect();
     (a, b)
 }
 
