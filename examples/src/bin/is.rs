@@ -12,7 +12,10 @@
 //! before it to its block of ranks.
 //!
 //! Check (NAS' verification idea, in full): the ranks after the last iteration equal a
-//! sequential ranking's.
+//! sequential ranking's, and so do those at [`SAMPLES`] fixed key values after every iteration
+//! (NAS' partial verification: each iteration ranks afresh, so an error in an earlier one would
+//! not show in the last). Each worker notes its samples as it goes, in private memory; they are
+//! gathered after the timer.
 //!
 //! `is -n 2 [--mode dsm|seq|threads] [--log2keys 22] [--log2max 19] [--iterations 10] [--seed 1]`
 
@@ -23,6 +26,22 @@ use treadmarks_examples::{App, Args, Flag, Mode, Outcome, SharedMut, Timer, bloc
 
 /// Count rows are padded to whole 4 KiB pages (1024 `u32`s).
 const ROW_PAD: usize = 1024;
+
+/// Key values whose ranks are checked after every iteration.
+const SAMPLES: usize = 64;
+
+/// The sampled key values, ascending (so each worker's block of key values holds a run of them).
+fn samples(s: &Size) -> Vec<usize> {
+    let mut v: Vec<usize> =
+        (0..SAMPLES as u64).map(|j| (keys::mix(!s.seed, j) % s.max as u64) as usize).collect();
+    v.sort_unstable();
+    v
+}
+
+/// The samples in key values `k0..k1`: (sample index, key value).
+fn samples_in(samples: &[usize], k0: usize, k1: usize) -> Vec<(usize, usize)> {
+    samples.iter().copied().enumerate().filter(|&(_, k)| (k0..k1).contains(&k)).collect()
+}
 
 #[derive(Clone, Copy)]
 struct Size {
@@ -100,95 +119,133 @@ fn input(s: &Size) -> Vec<u32> {
     v
 }
 
-fn sequential(s: &Size, keys: &mut [u32]) -> Vec<u32> {
-    let (mut counts, mut ranks) = (zeroed(s.max), zeroed(s.max));
-    rank(s, keys, &mut counts, &mut ranks);
-    ranks
-}
-
-/// The sequential ranking of `keys` into `ranks`, counting into `counts`.
-fn rank(s: &Size, keys: &mut [u32], counts: &mut [u32], ranks: &mut [u32]) {
+/// The sequential ranking of `keys` into `ranks`, counting into `counts`; with `trace`, the
+/// ranks of the samples after every iteration (iteration `i`'s at `(i - 1) * SAMPLES`).
+fn rank(s: &Size, keys: &mut [u32], counts: &mut [u32], ranks: &mut [u32], mut trace: Option<&mut [u32]>) {
+    let samples = samples(s);
     for it in 1..=s.iterations {
         modify(keys, 0, it, s);
         count(keys, counts);
         reduce_scan(&[&*counts], ranks);
+        if let Some(trace) = trace.as_deref_mut() {
+            for (j, &k) in samples.iter().enumerate() {
+                trace[(it - 1) * SAMPLES + j] = ranks[k];
+            }
+        }
     }
 }
 
-fn expected(s: &Size) -> Vec<u32> {
-    sequential(s, &mut input(s))
+/// The sequential result: the final ranks, and the samples' ranks after every iteration.
+fn expected(s: &Size) -> (Vec<u32>, Vec<u32>) {
+    let (mut counts, mut ranks) = (zeroed(s.max), zeroed(s.max));
+    let mut trace = vec![0; s.iterations * SAMPLES];
+    rank(s, &mut input(s), &mut counts, &mut ranks, Some(&mut trace));
+    (ranks, trace)
 }
 
-fn threads(s: &Size, n: usize) -> (f64, Vec<u32>) {
+/// The threads version: its time, final ranks and trace (as [`expected`]'s).
+fn threads(s: &Size, n: usize) -> (f64, (Vec<u32>, Vec<u32>)) {
     let mut keys = input(s);
     let mut counts = zeroed(n * s.stride());
     let mut ranks = zeroed(s.max);
     let mut totals = vec![0; n];
+    let samples = samples(s);
     let barrier = Barrier::new(n);
     let t = Timer::start();
-    {
+    let noted: Vec<Vec<u32>> = {
         let (keys, counts) = (SharedMut::new(&mut keys), SharedMut::new(&mut counts));
         let (ranks, totals) = (SharedMut::new(&mut ranks), SharedMut::new(&mut totals));
         std::thread::scope(|scope| {
-            for me in 0..n {
-                let (keys, counts, ranks, totals, barrier) = (&keys, &counts, &ranks, &totals, &barrier);
-                scope.spawn(move || {
-                    let (begin, end) = block(s.keys, me, n);
-                    let (k0, k1) = block(s.max, me, n);
-                    let row = me * s.stride()..me * s.stride() + s.max;
-                    for it in 1..=s.iterations {
-                        // SAFETY: each thread writes only its own block of keys and its own count
-                        // row; nobody reads them in this phase.
-                        unsafe {
-                            let mine = keys.slice_mut(begin..end);
-                            modify(mine, begin, it, s);
-                            count(mine, counts.slice_mut(row.clone()));
-                        }
-                        barrier.wait();
-                        // SAFETY: nobody writes the count rows in this phase; each thread writes
-                        // only its own block of ranks and its own total.
-                        unsafe {
-                            let rows: Vec<&[u32]> = (0..n)
-                                .map(|p| counts.slice(p * s.stride() + k0..p * s.stride() + k1))
-                                .collect();
-                            totals.slice_mut(me..me + 1)[0] = reduce_scan(&rows, ranks.slice_mut(k0..k1));
-                        }
-                        barrier.wait();
-                        // SAFETY: nobody writes the totals in this phase; each thread writes only
-                        // its own block of ranks (the next write of a total follows a barrier).
-                        unsafe {
-                            let offset = totals.slice(0..me).iter().sum();
-                            if offset != 0 {
-                                add(ranks.slice_mut(k0..k1), offset);
+            let workers: Vec<_> = (0..n)
+                .map(|me| {
+                    let (keys, counts, ranks, totals, barrier) = (&keys, &counts, &ranks, &totals, &barrier);
+                    let samples = &samples;
+                    scope.spawn(move || {
+                        let (begin, end) = block(s.keys, me, n);
+                        let (k0, k1) = block(s.max, me, n);
+                        let sampled = samples_in(samples, k0, k1);
+                        let mut noted = Vec::with_capacity(s.iterations * sampled.len());
+                        let row = me * s.stride()..me * s.stride() + s.max;
+                        for it in 1..=s.iterations {
+                            // SAFETY: each thread writes only its own block of keys and its own count
+                            // row; nobody reads them in this phase.
+                            unsafe {
+                                let mine = keys.slice_mut(begin..end);
+                                modify(mine, begin, it, s);
+                                count(mine, counts.slice_mut(row.clone()));
+                            }
+                            barrier.wait();
+                            // SAFETY: nobody writes the count rows in this phase; each thread writes
+                            // only its own block of ranks and its own total.
+                            unsafe {
+                                let rows: Vec<&[u32]> = (0..n)
+                                    .map(|p| counts.slice(p * s.stride() + k0..p * s.stride() + k1))
+                                    .collect();
+                                totals.slice_mut(me..me + 1)[0] = reduce_scan(&rows, ranks.slice_mut(k0..k1));
+                            }
+                            barrier.wait();
+                            // SAFETY: nobody writes the totals in this phase; each thread writes only
+                            // its own block of ranks (the next write of a total follows a barrier).
+                            unsafe {
+                                let offset = totals.slice(0..me).iter().sum();
+                                if offset != 0 {
+                                    add(ranks.slice_mut(k0..k1), offset);
+                                }
+                                let done = ranks.slice(k0..k1);
+                                noted.extend(sampled.iter().map(|&(_, k)| done[k - k0]));
                             }
                         }
-                    }
-                });
-            }
-        });
+                        noted
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().expect("a worker panicked")).collect()
+        })
+    };
+    let secs = t.secs();
+    let mut trace = vec![0; s.iterations * SAMPLES];
+    for (me, noted) in noted.iter().enumerate() {
+        let (k0, k1) = block(s.max, me, n);
+        note_trace(&mut trace, &samples_in(&samples, k0, k1), noted);
     }
-    (t.secs(), ranks)
+    (secs, (ranks, trace))
+}
+
+/// Puts a worker's notes (its samples' ranks, iteration after iteration) in their places in
+/// `trace`.
+fn note_trace(trace: &mut [u32], mine: &[(usize, usize)], noted: &[u32]) {
+    if mine.is_empty() {
+        return;
+    }
+    for (it, ranks) in noted.chunks(mine.len()).enumerate() {
+        for (&(j, _), &r) in mine.iter().zip(ranks) {
+            trace[it * SAMPLES + j] = r;
+        }
+    }
 }
 
 fn dsm(app: &mut App, s: &Size) -> treadmarks::Result<(f64, bool)> {
     let tmk = app.tmk();
     let (me, n) = (tmk.proc_id(), tmk.nprocs());
-    let mut arrays: [Shared<[u32]>; 4] = [Shared::from_raw_parts(0, 0); 4];
+    let mut arrays: [Shared<[u32]>; 5] = [Shared::from_raw_parts(0, 0); 5];
     if me == 0 {
         arrays = [
             tmk.alloc_pages::<u32>(s.keys)?,
             tmk.alloc_pages::<u32>(n * s.stride())?,
             tmk.alloc_pages::<u32>(s.max)?,
             tmk.alloc_pages::<u32>(n)?,
+            tmk.alloc_pages::<u32>(s.iterations * SAMPLES)?,
         ];
     }
     tmk.distribute(&mut arrays)?;
-    let [keys, counts, ranks, totals] = arrays;
+    let [keys, counts, ranks, totals, trace] = arrays;
     let (begin, end) = block(s.keys, me, n);
     let (k0, k1) = block(s.max, me, n);
     let my_keys = keys.slice(begin, end);
     let my_row = counts.slice(me * s.stride(), me * s.stride() + s.max);
     let my_ranks = ranks.slice(k0, k1);
+    let sampled = samples_in(&samples(s), k0, k1);
+    let mut noted = Vec::with_capacity(s.iterations * sampled.len());
     fill_keys(&mut tmk.view_mut(&my_keys)?, begin, s);
     tmk.barrier(0)?;
     let t = Timer::start();
@@ -209,13 +266,23 @@ fn dsm(app: &mut App, s: &Size) -> treadmarks::Result<(f64, bool)> {
         }
         tmk.barrier(0)?;
         let offset = tmk.view(&totals.slice(0, me))?.iter().sum();
+        let mut done = tmk.view_mut(&my_ranks)?;
         if offset != 0 {
-            add(&mut tmk.view_mut(&my_ranks)?, offset);
+            add(&mut done, offset);
         }
+        noted.extend(sampled.iter().map(|&(_, k)| done[k - k0]));
     }
     tmk.barrier(0)?;
     let secs = t.secs();
-    let ok = me != 0 || *tmk.view(&ranks)? == expected(s)[..];
+    // After the timer: every node's notes into the shared trace, for node 0 to check.
+    if !sampled.is_empty() {
+        note_trace(&mut tmk.view_mut(&trace)?, &sampled, &noted);
+    }
+    tmk.barrier(0)?;
+    let ok = me != 0 || {
+        let (want, want_trace) = expected(s);
+        *tmk.view(&ranks)? == want[..] && *tmk.view(&trace)? == want_trace[..]
+    };
     Ok((secs, ok))
 }
 
@@ -248,13 +315,13 @@ fn main() -> ExitCode {
                 let mut keys = input(&s);
                 let (mut counts, mut ranks) = (zeroed(s.max), zeroed(s.max));
                 let t = Timer::start();
-                rank(&s, &mut keys, &mut counts, &mut ranks);
+                rank(&s, &mut keys, &mut counts, &mut ranks, None);
                 let secs = t.secs();
-                (secs, ranks == expected(&s))
+                (secs, ranks == expected(&s).0)
             }
             Mode::Threads => {
-                let (secs, ranks) = threads(&s, app.nprocs);
-                (secs, ranks == expected(&s))
+                let (secs, got) = threads(&s, app.nprocs);
+                (secs, got == expected(&s))
             }
             Mode::Dsm => dsm(app, &s)?,
         };
