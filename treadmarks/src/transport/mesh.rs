@@ -354,8 +354,9 @@ fn meet_as_peer(cfg: &MeshConfig, deadline: &Deadline, peers: &mut [Option<TcpSt
         peers[j] = Some(stream);
     }
 
-    // Higher ranks connect to us.
+    // Higher ranks connect to us; where each connection came from, for a rank announced twice.
     let higher = cfg.nprocs - rank.0 - 1;
+    let mut came_from: Vec<Option<SocketAddr>> = vec![None; usize::from(cfg.nprocs)];
     for count in 0..higher {
         let waiting_for = || {
             let missing: Vec<NodeId> =
@@ -383,13 +384,10 @@ fn meet_as_peer(cfg: &MeshConfig, deadline: &Deadline, peers: &mut [Option<TcpSt
                 addr: from,
             });
         }
-        if peers[theirs.idx()].is_some() {
-            return Err(TransportError::DuplicateRank {
-                rank: theirs,
-                first: addrs[theirs.idx()],
-                second: from,
-            });
+        if let Some(first) = came_from[theirs.idx()] {
+            return Err(TransportError::DuplicateRank { rank: theirs, first, second: from });
         }
+        came_from[theirs.idx()] = Some(from);
         peers[theirs.idx()] = Some(stream);
     }
     Ok(())
