@@ -126,6 +126,7 @@ impl Tmk {
                     crate::mem::Bytes(fitted),
                 ));
                 config.heap_size = fitted;
+                config.gc_threshold = config.gc_threshold.min(fitted as u64 / 4);
             }
         }
         let layout = HeapLayout { base: config.heap_base, size: config.heap_size, protect: n > 1 };
@@ -408,7 +409,13 @@ impl Tmk {
     /// here, and a node waiting for the lock gets it from the service thread while the
     /// application goes on.
     pub fn lock_release(&mut self, id: u32) -> Result<()> {
-        let r = match self.held.iter().position(|&l| l == id) {
+        let r = self.release(id);
+        self.record(r)
+    }
+
+    /// [`Tmk::lock_release`] without noting how it ended.
+    fn release(&mut self, id: u32) -> Result<()> {
+        match self.held.iter().position(|&l| l == id) {
             Some(i) => {
                 self.held.swap_remove(i);
                 self.call(Command::Release(LockId(id))).map(drop)
@@ -417,8 +424,7 @@ impl Tmk {
                 Err(ProtocolError::UnknownLock { lock: LockId(id), nlocks: self.nlocks }.into())
             }
             None => Err(ProtocolError::NotHeld { lock: LockId(id) }.into()),
-        };
-        self.record(r)
+        }
     }
 
     /// Waits until every node has arrived at barrier `id` (TreadMarks' `Tmk_barrier`).
@@ -765,10 +771,13 @@ impl std::ops::DerefMut for LockGuard<'_> {
 
 impl Drop for LockGuard<'_> {
     fn drop(&mut self) {
+        // Dropped as a `?` leaves its scope, say: a release that succeeds does not hide the
+        // error the peers are to hear of (only a failed one is noted).
         if !self.released
-            && let Err(e) = self.tmk.lock_release(self.lock)
+            && let Err(e) = self.tmk.release(self.lock)
         {
             crate::report(&format!("treadmarks: {}: release of lock {} failed: {e}", self.tmk.me, self.lock));
+            *self.tmk.last_error.get_mut() = Some(e.to_string());
         }
     }
 }

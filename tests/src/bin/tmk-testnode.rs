@@ -456,12 +456,13 @@ fn give_up(tmk: &mut Tmk) -> R {
     Err(Error::Failed("the job went on without node 2".into()))
 }
 
-/// Node 2 leaves on the error of a call checked on the application thread: the peers are told
-/// that call's error.
+/// Node 2 leaves on the error of a call checked on the application thread, made while it holds
+/// a lock whose guard the `?` then drops (releasing it): the peers are told that call's error.
 fn give_up_on_error(tmk: &mut Tmk) -> R {
     tmk.barrier(0)?;
     if tmk.proc_id() == 2 {
-        tmk.lock_acquire(5000)?;
+        let mut g = tmk.lock(3)?;
+        g.lock_acquire(5000)?;
     }
     for _ in 0..1000 {
         tmk.barrier(0)?;
