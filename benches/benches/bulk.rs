@@ -47,7 +47,9 @@ fn run() -> Result<()> {
         let (config, _) = Config::from_env_and_args(vec![])?;
         Tmk::startup_with(config, vec![])?
     } else {
-        Tmk::startup_with(Config { nprocs: 2, ..Config::default() }, vec![])?
+        // The environment's settings, which the launcher passes its node.
+        let (config, _) = Config::from_env_and_args(vec![])?;
+        Tmk::startup_with(Config { nprocs: 2, ..config }, vec![])?
     };
     let mut rounds: u64 = if full { 20 } else { 3 };
     tmk.distribute(&mut rounds)?;

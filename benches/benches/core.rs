@@ -47,7 +47,9 @@ fn params(nprocs: u16, full: bool) -> Result<Params> {
 /// Runs an `nprocs`-node job with this process as node 0 (the launcher).
 fn launch(nprocs: u16, full: bool) -> Result<JobReport> {
     let p = params(nprocs, full)?;
-    let mut tmk = Tmk::startup_with(Config { nprocs, ..Config::default() }, vec![])?;
+    // The environment's settings, which the launcher passes its nodes.
+    let (config, _) = Config::from_env_and_args(vec![])?;
+    let mut tmk = Tmk::startup_with(Config { nprocs, ..config }, vec![])?;
     let report = job::run(&mut tmk, p)?.ok_or("node 0 got no report")?;
     tmk.exit()?;
     Ok(report)
