@@ -64,8 +64,10 @@ pub struct Config {
     pub heap_size: usize,
     /// On the mprotect fault backend, shrink a heap larger than `vm.max_map_count` allows to the
     /// largest that fits, saying so, instead of refusing to start ([`crate::mem::fit_heap`]).
-    /// On by default; `TMK_HEAP_SIZE` turns it off (a size asked for is used or refused). A
-    /// launcher passes its nodes the size it chose.
+    /// On by default; `TMK_HEAP_SIZE` turns it off (a size asked for is used or refused), and so
+    /// does `fit_heap: false` in a configuration built in code. A launcher passes its nodes the
+    /// size it chose; nodes started by hand each choose for their machine (and meet only if they
+    /// agree).
     pub fit_heap: bool,
     pub heap_base: usize,
     pub nlocks: u32,
@@ -330,7 +332,7 @@ impl Config {
     /// removed, so that the default applies, not a value the launcher's environment happens to
     /// hold). Every setting but the node's place in the job (`nprocs`, `role`, `root`, `pin`),
     /// which the launcher sets itself. Durations go in whole microseconds (the spins) and
-    /// seconds (the meeting's bound), as they are read.
+    /// seconds (the meeting's bound, rounded up), as they are read.
     pub fn to_vars(&self) -> Vec<(&'static str, Option<String>)> {
         let on = |b: bool| Some(if b { "1" } else { "0" }.to_string());
         let stats = if self.stats_json {
@@ -364,7 +366,7 @@ impl Config {
             ("TMK_LOCK_BUNDLE", Some(self.lock_bundle.to_string())),
             ("TMK_STREAM_MIN_PAGES", Some(self.stream_min_pages.to_string())),
             ("TMK_STATS", Some(stats.to_string())),
-            ("TMK_CONNECT_TIMEOUT", Some(self.connect_timeout.as_secs().to_string())),
+            ("TMK_CONNECT_TIMEOUT", Some(self.connect_timeout.as_secs_f64().ceil().to_string())),
             ("TMK_FAULTS", Some(faults.to_string())),
         ]
     }
