@@ -4,7 +4,8 @@
 //!
 //! ```text
 //!  rank 0 (root)                        rank i > 0
-//!  listen on cfg.root / given listener  connect to root (retry "refused" with backoff)
+//!  listen on cfg.root / given listener  connect to root (retry "refused", "unreachable" and
+//!                                       unanswered with backoff, until the deadline)
 //!                                       bind own listener on the ip of that connection, port 0
 //!  accept nprocs-1 ◄──────────────────  Hello { rank, nprocs, fingerprint, listen_addr }
 //!  check: rank in 1..nprocs, not seen,
@@ -401,10 +402,15 @@ fn connect_root(
     deadline: &Deadline,
     mut connect: impl FnMut(&SocketAddr, Duration) -> io::Result<TcpStream>,
 ) -> Result<TcpStream> {
-    let waiting_for = || format!("the root (node 0) to accept us at {root}");
+    // A timeout names why the last attempt failed (refused, unreachable, no answer).
+    let mut last: Option<io::Error> = None;
+    let waiting_for = |last: &Option<io::Error>| match last {
+        Some(e) => format!("the root (node 0) to accept us at {root} (the last attempt: {e})"),
+        None => format!("the root (node 0) to accept us at {root}"),
+    };
     let mut pause = CONNECT_BACKOFF.0;
     loop {
-        let remaining = deadline.remaining(waiting_for)?;
+        let remaining = deadline.remaining(|| waiting_for(&last))?;
         match connect(&root, remaining) {
             Ok(stream) => {
                 set_nodelay(&stream, root)?;
@@ -422,7 +428,8 @@ fn connect_root(
                             | io::ErrorKind::NetworkUnreachable
                     ) =>
             {
-                let remaining = deadline.remaining(waiting_for)?;
+                last = Some(err);
+                let remaining = deadline.remaining(|| waiting_for(&last))?;
                 thread::sleep(pause.min(remaining));
                 pause = (pause * 2).min(CONNECT_BACKOFF.1);
             }
@@ -689,9 +696,10 @@ mod tests {
         assert_eq!(stream.peer_addr().unwrap(), root);
         // With the deadline past, the timeout is the meeting's, named.
         let deadline = Deadline::after(Duration::from_millis(20));
-        let err =
-            connect_root(root, &deadline, |_, _| Err(io::Error::from(io::ErrorKind::TimedOut))).unwrap_err();
+        let err = connect_root(root, &deadline, |_, _| Err(io::Error::from(io::ErrorKind::HostUnreachable)))
+            .unwrap_err();
         assert!(matches!(err, TransportError::Timeout { .. }), "{err}");
+        assert!(err.to_string().contains("the last attempt: host unreachable"), "{err}");
     }
 
     #[test]
