@@ -266,11 +266,14 @@ fn dsm(app: &mut App, s: &Size) -> treadmarks::Result<(f64, bool)> {
         }
         tmk.barrier(0)?;
         let offset = tmk.view(&totals.slice(0, me))?.iter().sum();
-        let mut done = tmk.view_mut(&my_ranks)?;
         if offset != 0 {
+            let mut done = tmk.view_mut(&my_ranks)?;
             add(&mut done, offset);
+            noted.extend(sampled.iter().map(|&(_, k)| done[k - k0]));
+        } else if !sampled.is_empty() {
+            let done = tmk.view(&my_ranks)?;
+            noted.extend(sampled.iter().map(|&(_, k)| done[k - k0]));
         }
-        noted.extend(sampled.iter().map(|&(_, k)| done[k - k0]));
     }
     tmk.barrier(0)?;
     let secs = t.secs();

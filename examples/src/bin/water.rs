@@ -11,7 +11,8 @@
 //! its energies into shared sums under a lock (barrier).
 //!
 //! Forces arrive under the locks in a run-dependent order, so results are compared with the
-//! sequential run within a relative tolerance of 1e-6 (positions relative to the box size).
+//! sequential run within a relative tolerance of 1e-9: every order of the molecules' state (each
+//! relative to its largest magnitude) and the energies.
 //!
 //! `water -n 2 [--mode dsm|seq|threads] [--molecules 512] [--steps 20]`
 
