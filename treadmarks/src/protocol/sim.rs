@@ -1449,10 +1449,15 @@ fn generate_racy(rng: &mut Rng, s: &Shape) -> Vec<Vec<Op>> {
     progs
 }
 
-/// The shape of racy-program run `seed`: a random program's, on 2-4 nodes with up to 4 locks.
+/// The shape of racy-program run `seed`: a random program's, on 2-4 nodes with up to 4 locks,
+/// one run in sixteen on 5-8 nodes.
 fn racy_shape(seed: u64) -> Shape {
     let mut pick = Rng(seed ^ 0xd1a);
-    let (n, nlocks) = (2 + pick.below(3) as usize, 1 + pick.below(4) as u32);
+    let (mut n, nlocks) = (2 + pick.below(3) as usize, 1 + pick.below(4) as u32);
+    // Drawn last: the other runs keep their shapes.
+    if pick.below(16) == 0 {
+        n = 5 + pick.below(4) as usize;
+    }
     Shape { n, nlocks, racy: true, ..program_shape(seed ^ 0xd1a) }
 }
 
