@@ -12,7 +12,8 @@
 //! ```
 //!
 //! `tools/` parses the `RESULT` line; with `TMK_STATS=json` every node also prints its
-//! statistics as one `TMK_STATS {...}` line on standard error.
+//! statistics as one `TMK_TIMED_STATS {...}` line on standard error at the end of its timed
+//! region ([`Timer::stop`]), and as one `TMK_STATS {...}` line at its exit (the whole job's).
 
 pub mod keys;
 pub mod mesh;
@@ -172,6 +173,18 @@ impl Timer {
     /// Seconds since start.
     pub fn secs(&self) -> f64 {
         self.0.elapsed().as_secs_f64()
+    }
+
+    /// Seconds since start, at the end of a DSM node's timed region: with `TMK_STATS=json`, the
+    /// node also prints its statistics so far as one `TMK_TIMED_STATS {...}` line on standard
+    /// error, the timed region's traffic without the setup before it and the check after it
+    /// (what `tmk-bench` reports).
+    pub fn stop(&self, tmk: &mut Tmk) -> treadmarks::Result<f64> {
+        let secs = self.secs();
+        if std::env::var("TMK_STATS").is_ok_and(|v| v.eq_ignore_ascii_case("json")) {
+            treadmarks::report(&format!("TMK_TIMED_STATS {}", tmk.stats()?.to_json()));
+        }
+        Ok(secs)
     }
 }
 

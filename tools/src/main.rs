@@ -11,7 +11,9 @@
 //! are for the default sizes, so an app run so gets no verdict.
 //!
 //! For each app: `seq` once per repetition, then `threads` and `dsm` at every node count
-//! (`dsm` with `TMK_STATS=json`, whose per-node lines are added up), and for radix its
+//! (`dsm` with `TMK_STATS=json`: the statistics each node prints at its timer's end,
+//! `TMK_TIMED_STATS`, are added up for the table, and those it prints at exit, of the whole job,
+//! are kept in `bench.json` beside them), and for radix its
 //! hand-written message-passing version (`--mode mp`) too. The median of the repetitions is
 //! reported, and beside DSM over threads the lowest and highest of that ratio repetition by
 //! repetition (`each rep`): the summary names a target whose repetitions fall on both sides of

@@ -256,7 +256,7 @@ pub fn summary(results: &[AppResult]) -> String {
 }
 
 fn json(results: &[AppResult]) -> serde_json::Value {
-    let cell = |c: &Cell| serde_json::json!({ "secs": c.secs, "reps": c.reps, "errors": c.errors, "stats": c.stats });
+    let cell = |c: &Cell| serde_json::json!({ "secs": c.secs, "reps": c.reps, "errors": c.errors, "stats": c.stats, "job_stats": c.job_stats });
     let apps: Vec<serde_json::Value> = results
         .iter()
         .map(|r| {

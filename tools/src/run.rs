@@ -41,8 +41,12 @@ pub fn stop_on_signals() {
 #[derive(Debug, Clone, Default)]
 pub struct Cell {
     pub secs: Option<f64>,
-    /// Per statistic, summed over the job's nodes (median run).
+    /// Per statistic, summed over the job's nodes (median run): of the timed region
+    /// (`TMK_TIMED_STATS`, each node's statistics at its timer's end), or of the whole job where
+    /// an app prints none.
     pub stats: BTreeMap<String, f64>,
+    /// The same, of the whole job (`TMK_STATS`, at exit): setup and checks included.
+    pub job_stats: BTreeMap<String, f64>,
     /// Every repetition that passed, in the order they ran.
     pub reps: Vec<f64>,
     /// Why each repetition that failed did, in the order they ran.
@@ -114,6 +118,7 @@ impl AppResult {
 struct One {
     secs: f64,
     stats: BTreeMap<String, f64>,
+    job_stats: BTreeMap<String, f64>,
     detail: String,
 }
 
@@ -166,8 +171,17 @@ fn run_one(plan: &Plan, app: &AppSpec, size: &Size, mode: &str, n: usize) -> Res
     let field = |k: &str| result.split(' ').find_map(|f| f.strip_prefix(&format!("{k}=")));
     let secs = field("secs").and_then(|s| s.parse().ok()).ok_or("RESULT line without secs")?;
     let detail = result.split_once("detail=").map_or(String::new(), |(_, d)| d.trim_matches('"').to_string());
+    let job_stats = summed(&stderr, "TMK_STATS ");
+    let timed = summed(&stderr, "TMK_TIMED_STATS ");
+    let stats = if timed.is_empty() { job_stats.clone() } else { timed };
+    Ok(One { secs, stats, job_stats, detail })
+}
+
+/// The statistics of the lines of `stderr` that start with `prefix` (one JSON object a node),
+/// summed over the nodes.
+fn summed(stderr: &str, prefix: &str) -> BTreeMap<String, f64> {
     let mut stats = BTreeMap::new();
-    for line in stderr.lines().filter_map(|l| l.strip_prefix("TMK_STATS ")) {
+    for line in stderr.lines().filter_map(|l| l.strip_prefix(prefix)) {
         if let Ok(serde_json::Value::Object(map)) = serde_json::from_str::<serde_json::Value>(line) {
             for (k, v) in map {
                 if let Some(x) = v.as_f64().filter(|_| k != "node" && k != "nprocs") {
@@ -176,7 +190,7 @@ fn run_one(plan: &Plan, app: &AppSpec, size: &Size, mode: &str, n: usize) -> Res
             }
         }
     }
-    Ok(One { secs, stats, detail })
+    stats
 }
 
 /// Reads `pipe` to its end on a thread of its own.
@@ -228,6 +242,7 @@ impl Runs {
         Cell {
             secs: crate::report::median(&reps),
             stats: median.map(|m| m.stats.clone()).unwrap_or_default(),
+            job_stats: median.map(|m| m.job_stats.clone()).unwrap_or_default(),
             reps,
             errors: self.errors,
         }

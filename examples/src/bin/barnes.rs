@@ -313,7 +313,7 @@ fn dsm(app: &mut App, p: &Params) -> treadmarks::Result<(f64, bool, usize)> {
         advance(&mut tmk.view_mut(&mine)?, &acc);
         tmk.barrier(0)?;
     }
-    let secs = t.secs();
+    let secs = t.stop(tmk)?;
     let ok = me != 0 || *tmk.view(&h.bodies)? == sequential(p)[..];
     Ok((secs, ok, ncells))
 }

@@ -317,7 +317,7 @@ fn dsm(app: &mut App, n1: usize) -> treadmarks::Result<(f64, bool, String)> {
     };
     let t = Timer::start();
     transform(tmk, false)?;
-    let secs = t.secs();
+    let secs = t.stop(tmk)?;
     let forward = if me == 0 { check_forward(n1, &tmk.view(&arrays[1])?) } else { (true, 0.0) };
     transform(tmk, true)?;
     if me != 0 {

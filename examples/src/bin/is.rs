@@ -276,7 +276,7 @@ fn dsm(app: &mut App, s: &Size) -> treadmarks::Result<(f64, bool)> {
         }
     }
     tmk.barrier(0)?;
-    let secs = t.secs();
+    let secs = t.stop(tmk)?;
     // After the timer: every node's notes into the shared trace, for node 0 to check.
     if !sampled.is_empty() {
         note_trace(&mut tmk.view_mut(&trace)?, &sampled, &noted);

@@ -139,7 +139,7 @@ fn dsm(app: &mut App, s: &Size) -> treadmarks::Result<(f64, bool)> {
         }
         tmk.barrier(0)?;
     }
-    let secs = t.secs();
+    let secs = t.stop(tmk)?;
     let ok = me != 0 || *tmk.view(&grids[s.iterations % 2])? == sequential(s)[..];
     Ok((secs, ok))
 }

@@ -382,7 +382,7 @@ fn dsm(app: &mut App, s: &Size) -> treadmarks::Result<(f64, bool, f64)> {
     })?;
     run_step(tmk, &mut step)?;
     tmk.barrier(0)?;
-    let secs = t.secs();
+    let secs = t.stop(tmk)?;
     if me != 0 {
         return Ok((secs, true, 0.0));
     }

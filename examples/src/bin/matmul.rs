@@ -89,7 +89,7 @@ fn dsm(app: &mut App, n: usize) -> treadmarks::Result<(f64, bool)> {
         multiply(&mut tmk.view_mut(&c.slice(begin * n, end * n))?, &av, &bv, begin..end, n);
     }
     tmk.barrier(0)?;
-    let secs = t.secs();
+    let secs = t.stop(tmk)?;
     let ok = me != 0 || *tmk.view(&c)? == sequential(n)[..];
     Ok((secs, ok))
 }

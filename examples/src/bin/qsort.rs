@@ -270,7 +270,7 @@ fn dsm(app: &mut App, s: &Size) -> treadmarks::Result<(f64, bool, usize)> {
     let t = Timer::start();
     let popped = worker(&mut DsmEnv { tmk: &mut *tmk, keys, stack }, s.threshold)?;
     tmk.barrier(0)?;
-    let secs = t.secs();
+    let secs = t.stop(tmk)?;
     let ok = me != 0 || *tmk.view(&keys)? == expected(s)[..];
     Ok((secs, ok, popped))
 }

@@ -198,7 +198,7 @@ fn dsm(app: &mut App, s: &Size) -> treadmarks::Result<(f64, bool)> {
         tmk.barrier(0)?;
         std::mem::swap(&mut src, &mut dst);
     }
-    let secs = t.secs();
+    let secs = t.stop(tmk)?;
     let ok = me != 0 || *tmk.view(&src)? == expected(s)[..];
     Ok((secs, ok))
 }

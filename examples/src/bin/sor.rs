@@ -131,7 +131,7 @@ fn dsm(app: &mut App, s: &Size) -> treadmarks::Result<(f64, bool)> {
             tmk.barrier(0)?;
         }
     }
-    let secs = t.secs();
+    let secs = t.stop(tmk)?;
     let ok = me != 0 || {
         let (sr, sb) = sequential(s);
         *tmk.view(&red)? == sr[..] && *tmk.view(&black)? == sb[..]

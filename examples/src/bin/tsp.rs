@@ -462,7 +462,7 @@ fn dsm(app: &mut App, p: &Problem, s: &Size) -> treadmarks::Result<(f64, bool, S
         }
     }
     tmk.barrier(0)?;
-    let secs = t.secs();
+    let secs = t.stop(tmk)?;
     let found = tmk.view(&best)?[0];
     let pushed = tmk.view(&head)?[0].pushed;
     let mut detail = format!("node {me} solved {solved} subtrees; {pushed} partial tours pushed");

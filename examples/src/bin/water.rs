@@ -383,7 +383,7 @@ fn dsm(app: &mut App, p: &Params) -> treadmarks::Result<(f64, Option<Final>)> {
         }
         tmk.barrier(0)?;
     }
-    let secs = t.secs();
+    let secs = t.stop(tmk)?;
     let result = (me == 0).then(|| -> treadmarks::Result<Final> {
         Ok((tmk.view(&h.mols)?.to_vec(), tmk.view(&h.energies)?.to_vec()))
     });
