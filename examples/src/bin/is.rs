@@ -184,8 +184,9 @@ fn threads(s: &Size, n: usize) -> (f64, (Vec<u32>, Vec<u32>)) {
                                 totals.slice_mut(me..me + 1)[0] = reduce_scan(&rows, ranks.slice_mut(k0..k1));
                             }
                             barrier.wait();
-                            // SAFETY: nobody writes the totals in this phase; each thread writes only
-                            // its own block of ranks (the next write of a total follows a barrier).
+                            // SAFETY: nobody writes the totals in this phase; each thread writes, then
+                            // reads back, only its own block of ranks (the next write of a total
+                            // follows a barrier).
                             unsafe {
                                 let offset = totals.slice(0..me).iter().sum();
                                 if offset != 0 {
