@@ -595,17 +595,18 @@ impl Config {
         ]
     }
 
-    /// Refuses a job of `nodes` nodes on this machine whose startup reserves
+    /// Refuses a multi-node job that would start `nodes` of its nodes on this machine (all of
+    /// them for a launcher, one for a node joining by hand) whose startup reserves
     /// ([`Config::startup_reserves`]) exceed the memory it may still take (the machine's
     /// `MemAvailable`, or less where its memory cgroup, a container's, allows less): they would
     /// push it into swap or the OOM killer while the nodes meet, and the job would time out with
-    /// no word of why.
+    /// no word of why. A one-node job backs no reserves.
     pub fn check_startup_memory(&self, nodes: u16) -> Result<(), ConfigError> {
         let Some((available, whose)) = crate::headroom::available() else { return Ok(()) };
         let [diffs, twins, alloc] = self.startup_reserves();
         let each = diffs + twins + alloc;
         let total = each * u64::from(nodes);
-        if nodes < 2 || total <= available {
+        if self.nprocs < 2 || total <= available {
             return Ok(());
         }
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
@@ -676,7 +677,7 @@ mod tests {
 
     #[test]
     fn a_job_whose_startup_reserves_exceed_the_memory_available_is_refused() {
-        let c = Config::default();
+        let c = Config { nprocs: 2, ..Config::default() };
         let [diffs, twins, alloc] = c.startup_reserves();
         assert_eq!((diffs, twins, alloc), ((32 << 20) + (2 << 20), 32 << 20, 16 << 20));
         let Some((available, _)) = crate::headroom::available() else { return };
@@ -685,8 +686,17 @@ mod tests {
         assert!(e.contains("back 82 MiB each at startup (diffs 34, twins 32, allocator 16 MiB)"), "{e}");
         assert!(e.contains("TMK_TWIN_RESERVE"), "{e}");
         assert!(c.check_startup_memory(2).is_ok());
-        let none = Config { diff_reserve: Some(0), twin_reserve: 0, malloc_reserve: 0, ..Config::default() };
+        let none = Config { diff_reserve: Some(0), twin_reserve: 0, malloc_reserve: 0, ..c.clone() };
         assert!(none.check_startup_memory(u16::MAX).is_ok(), "nothing backed, nothing to fit");
+        // One node joining by hand, its twin reserve beyond the machine: refused too (it was
+        // not checked), and a one-node job backs nothing.
+        let huge =
+            Config { heap_size: 64 << 30, twin_reserve: 64 << 30, role: Role::Member { rank: 1 }, ..c };
+        if available < 64 << 30 {
+            let e = huge.check_startup_memory(1).unwrap_err().to_string();
+            assert!(e.contains("twins 65536") && e.contains("TMK_TWIN_RESERVE"), "{e}");
+        }
+        assert!(Config { nprocs: 1, ..huge }.check_startup_memory(1).is_ok());
     }
 
     #[test]

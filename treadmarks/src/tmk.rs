@@ -95,9 +95,12 @@ impl Tmk {
     pub fn startup_with(config: Config, args: Vec<String>) -> Result<Tmk> {
         config.validate()?;
         let n = config.nprocs;
-        if matches!(config.role, Role::Launcher) {
+        match config.role {
             // Every node of the job starts here: their startup reserves must fit.
-            config.check_startup_memory(n)?;
+            Role::Launcher => config.check_startup_memory(n)?,
+            // A node joining by hand: its own (a launcher checked those of the nodes it spawns).
+            Role::Member { .. } if !launch::spawned_by_launcher() => config.check_startup_memory(1)?,
+            Role::Member { .. } => {}
         }
         let me = match config.role {
             Role::Launcher => NodeId(0),
