@@ -109,7 +109,7 @@ fn mappings_in_use() -> u64 {
 }
 
 /// The largest heap (bytes, a multiple of 16 MiB) of at most `size` that an `mprotect` heap can
-/// have under `vm.max_map_count` ([`check_map_count`]), with room for the mappings the process
+/// have under `vm.max_map_count` (`check_map_count`), with room for the mappings the process
 /// has now and as many again that it may make before it maps the heap, and the limit itself.
 pub fn fit_heap(size: usize) -> (usize, u64) {
     const STEP: usize = 16 << 20;
