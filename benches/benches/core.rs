@@ -92,12 +92,15 @@ fn run() -> Result<()> {
     let ratios = report::ratios(&f, &two);
     println!();
     print!("{}", report::ratios_table(&ratios));
+    // For information: against a raw socket polled as the runtime polls its own.
+    let polled = two.ping.time.mean_us / two.raw_rtt_polled.mean_us;
+    println!("  {:<24} {polled:>7.2}   (info: no target)", "ping / raw_rtt_polled");
     println!("\nnode 0 messages per operation, sent/received by kind:");
     print!("{}", report::traffic_table(&two));
     println!("\nper-node totals of the {}-node job:", two.nprocs);
     print!("{}", report::nodes_table(&two));
 
-    let mut extra = Vec::new();
+    let mut extra = vec![("ping_over_raw_rtt_polled".to_string(), polled)];
     println!("\n{BIG_JOB} nodes, for information (a separate launcher):");
     match &big {
         Ok(fields) => {

@@ -5,6 +5,7 @@
 //! | figure | what node 0 times |
 //! |---|---|
 //! | `raw_rtt` | 64-byte write + 64-byte read over a plain blocking TCP socket to an echo thread of node 1 |
+//! | `raw_rtt_polled` | the same over a second socket, both ends polling it as the runtime polls its own (node 0 spins while it waits; node 1's echo thread spins for [`POLL_BUDGET`] after each message, then blocks) |
 //! | `ping` | `tmk.ping(1)`: app thread → runtime → node 1's runtime → back |
 //! | `lock` | `lock_acquire(1)` with the token at node 1, lock 1's manager (1 request, 1 grant) |
 //! | `barrier` | `barrier(0)`, back to back |
@@ -30,6 +31,9 @@ const BARRIER: u32 = 0;
 const RAW_MSG: usize = 64;
 /// Bound on any single blocking socket operation of the raw round trip (and on node 1's connect).
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the polling echo thread spins for the next message before it blocks: the runtime's
+/// service thread's budget (`TMK_SERVICE_SPIN_US`).
+pub const POLL_BUDGET: Duration = treadmarks::config::DEFAULT_SERVICE_SPIN;
 /// How long node 0 pauses before a "settled" measurement (see [`JobReport::lock_settled`]).
 pub const SETTLE: Duration = Duration::from_micros(300);
 
@@ -283,6 +287,8 @@ pub struct JobReport {
     pub nprocs: usize,
     pub params: Params,
     pub raw_rtt: Summary,
+    /// `raw_rtt` with both ends polling (for information).
+    pub raw_rtt_polled: Summary,
     pub ping: Figure,
     pub lock: Figure,
     pub barrier: Figure,
@@ -310,9 +316,10 @@ impl JobReport {
     }
 
     /// The timed figures by name.
-    pub fn summaries(&self) -> [(&'static str, Summary); 8] {
+    pub fn summaries(&self) -> [(&'static str, Summary); 9] {
         [
             ("raw_rtt", self.raw_rtt),
+            ("raw_rtt_polled", self.raw_rtt_polled),
             ("ping", self.ping.time),
             ("lock", self.lock.time),
             ("barrier", self.barrier.time),
@@ -338,25 +345,34 @@ pub fn run(tmk: &mut Tmk, proposed: Params) -> Result<Option<JobReport>> {
     }
     let me = tmk.proc_id();
 
-    // The raw socket: node 0 listens on an ephemeral port and distributes it; node 1 connects
-    // and echoes from a plain thread until node 0 closes.
-    let listener = if me == 0 { Some(TcpListener::bind(("127.0.0.1", 0))?) } else { None };
-    let mut port: u16 = match &listener {
-        Some(l) => l.local_addr()?.port(),
-        None => 0,
-    };
-    tmk.distribute(&mut port)?;
-    let echo = if me == 1 {
-        let s = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), IO_TIMEOUT)?;
-        s.set_nodelay(true)?;
-        s.set_read_timeout(Some(IO_TIMEOUT))?;
-        Some(std::thread::spawn(move || echo(s)))
+    // The raw sockets: node 0 listens on two ephemeral ports and distributes them; node 1
+    // connects to each and echoes from a plain thread until node 0 closes, blocking on the
+    // first, polling the second.
+    let listeners = if me == 0 {
+        Some([TcpListener::bind(("127.0.0.1", 0))?, TcpListener::bind(("127.0.0.1", 0))?])
     } else {
         None
     };
-    let mut raw = match listener {
-        Some(l) => Some(accept(l)?),
-        None => None,
+    let mut ports: [u16; 2] = [0; 2];
+    if let Some(ls) = &listeners {
+        ports = [ls[0].local_addr()?.port(), ls[1].local_addr()?.port()];
+    }
+    tmk.distribute(&mut ports)?;
+    let echoes = if me == 1 {
+        let connect = |port: u16| -> Result<TcpStream> {
+            let s = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), IO_TIMEOUT)?;
+            s.set_nodelay(true)?;
+            s.set_read_timeout(Some(IO_TIMEOUT))?;
+            Ok(s)
+        };
+        let (blocking, polled) = (connect(ports[0])?, connect(ports[1])?);
+        Some([std::thread::spawn(move || echo(blocking)), std::thread::spawn(move || echo_polled(polled))])
+    } else {
+        None
+    };
+    let (mut raw, mut polled) = match listeners {
+        Some([l, p]) => (Some(accept(l)?), Some(accept(p)?)),
+        None => (None, None),
     };
 
     // Fresh pages for every diff miss: warm-up and timed, normal and settled.
@@ -369,8 +385,9 @@ pub fn run(tmk: &mut Tmk, proposed: Params) -> Result<Option<JobReport>> {
     tmk.distribute(&mut data)?;
     let mut pages = Pages { data, words, next: 0 };
 
-    let mut acc: [Acc; 8] = Default::default();
-    let [raw_acc, ping_acc, lock_acc, barrier_acc, diff_acc, lock_s_acc, diff_s_acc, local_acc] = &mut acc;
+    let mut acc: [Acc; 9] = Default::default();
+    let [raw_acc, ping_acc, lock_acc, barrier_acc, diff_acc, lock_s_acc, diff_s_acc, local_acc, polled_acc] =
+        &mut acc;
     for round in 0..=p.rounds {
         // Round 0 warms up: nothing is recorded.
         let timed = round > 0;
@@ -378,6 +395,9 @@ pub fn run(tmk: &mut Tmk, proposed: Params) -> Result<Option<JobReport>> {
         tmk.barrier(BARRIER)?;
         if let Some(s) = &mut raw {
             round_trips(s, n(p.raw_rtt), pick(timed, raw_acc))?;
+        }
+        if let Some(s) = &mut polled {
+            round_trips_polled(s, n(p.raw_rtt), pick(timed, polled_acc))?;
         }
         ping(tmk, n(p.ping), pick(timed, ping_acc))?;
         lock(tmk, n(p.lock), None, pick(timed, lock_acc))?;
@@ -387,10 +407,10 @@ pub fn run(tmk: &mut Tmk, proposed: Params) -> Result<Option<JobReport>> {
         diff_miss(tmk, &mut pages, n(p.settled), Some(SETTLE), pick(timed, diff_s_acc))?;
         local_lock(tmk, n(p.local_lock), pick(timed, local_acc))?;
     }
-    drop(raw);
+    drop((raw, polled));
     tmk.barrier(BARRIER)?;
-    if let Some(h) = echo {
-        h.join().map_err(|_| "the echo thread panicked")??;
+    for h in echoes.into_iter().flatten() {
+        h.join().map_err(|_| "an echo thread panicked")??;
     }
     let nodes = totals(tmk, &p)?;
     if me != 0 {
@@ -400,6 +420,7 @@ pub fn run(tmk: &mut Tmk, proposed: Params) -> Result<Option<JobReport>> {
         nprocs: tmk.nprocs(),
         params: p,
         raw_rtt: Summary::of(&acc[0].samples),
+        raw_rtt_polled: Summary::of(&acc[8].samples),
         ping: acc[1].figure(),
         lock: acc[2].figure(),
         barrier: acc[3].figure(),
@@ -424,6 +445,87 @@ fn echo(mut s: TcpStream) -> std::io::Result<()> {
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Echoes 64-byte messages until the stream ends, polling: after each message it spins on the
+/// nonblocking socket for [`POLL_BUDGET`], then waits in a blocking read (bounded by the
+/// socket's timeout) until the next one comes.
+fn echo_polled(s: TcpStream) -> std::io::Result<()> {
+    let mut buf = [0u8; RAW_MSG];
+    while read_polled(&s, &mut buf, POLL_BUDGET)? {
+        write_polled(&s, &buf)?;
+    }
+    Ok(())
+}
+
+/// Fills `buf` from `s`, spinning on the nonblocking socket for at most `budget` before it
+/// blocks; false if the stream ended first.
+fn read_polled(mut s: &TcpStream, buf: &mut [u8], budget: Duration) -> std::io::Result<bool> {
+    let start = Instant::now();
+    let mut filled = 0;
+    s.set_nonblocking(true)?;
+    while filled < buf.len() {
+        match s.read(&mut buf[filled..]) {
+            Ok(0) => return Ok(false),
+            Ok(k) => filled += k,
+            Err(e) if e.kind() == ErrorKind::WouldBlock && start.elapsed() < budget => std::hint::spin_loop(),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                // Out of budget: wait for the rest in a blocking read.
+                s.set_nonblocking(false)?;
+                let r = s.read_exact(&mut buf[filled..]);
+                s.set_nonblocking(true)?;
+                return match r {
+                    Ok(()) => Ok(true),
+                    Err(e) if e.kind() == ErrorKind::UnexpectedEof => Ok(false),
+                    Err(e) => Err(e),
+                };
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
+/// Writes all of `buf` to the nonblocking socket `s`, spinning while it is full (for at most
+/// [`IO_TIMEOUT`]).
+fn write_polled(mut s: &TcpStream, mut buf: &[u8]) -> std::io::Result<()> {
+    let start = Instant::now();
+    while !buf.is_empty() {
+        match s.write(buf) {
+            Ok(k) => buf = &buf[k..],
+            Err(e) if e.kind() == ErrorKind::WouldBlock && start.elapsed() < IO_TIMEOUT => {
+                std::hint::spin_loop()
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Node 0 only: `n` round trips of 64 bytes to node 1's polling echo thread, node 0 spinning
+/// for each answer (for at most [`IO_TIMEOUT`], then blocking).
+fn round_trips_polled(s: &mut TcpStream, n: u64, acc: Option<&mut Acc>) -> Result<()> {
+    let (mut out, mut back) = ([0u8; RAW_MSG], [0u8; RAW_MSG]);
+    let mut samples = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        out.fill(i as u8 ^ 0x5a);
+        let t = Instant::now();
+        write_polled(s, &out)?;
+        if !read_polled(s, &mut back, IO_TIMEOUT)? {
+            return Err(format!("raw_rtt_polled: node 1 closed the socket at round trip {i}").into());
+        }
+        samples.push(t.elapsed());
+        if back != out {
+            return Err(format!("raw_rtt_polled: round trip {i} came back altered").into());
+        }
+    }
+    if let Some(acc) = acc {
+        acc.samples.extend(samples);
+        acc.ops += n;
+    }
+    Ok(())
 }
 
 /// Accepts node 1's connection on `listener` (waiting a bounded time), as a blocking

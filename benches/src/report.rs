@@ -67,6 +67,13 @@ pub fn figures_table(f: &FaultCosts, r: &JobReport, fault_iters: (usize, usize))
     ));
     let n = r.nprocs;
     line(row("raw_rtt", "", &r.raw_rtt, "64 B write + read, blocking TCP, node 0 <-> 1"));
+    let budget = crate::job::POLL_BUDGET.as_micros();
+    line(row(
+        "raw_rtt_polled",
+        "",
+        &r.raw_rtt_polled,
+        &format!("info: the same, both ends polling (node 1 {budget} µs, then blocking)"),
+    ));
     line(row("ping", "", &r.ping.time, "tmk.ping(1)"));
     line(row("lock", "", &r.lock.time, "lock_acquire(1), token at node 1 (manager)"));
     line(row("barrier", "", &r.barrier.time, &format!("barrier(0), {n} nodes")));
