@@ -273,6 +273,15 @@ impl Service {
         }
     }
 
+    /// A peer's message came while the application waits: poll a budget more, as the next one
+    /// (a peer's next request, the rest of a fetch) tends to follow, and a sleeping thread's
+    /// wake-up costs more than the message's handling.
+    fn peer_spoke(&mut self) {
+        if !matches!(self.app, App::Running) && !self.spin.is_zero() {
+            self.spin_until = Some(Instant::now() + self.spin);
+        }
+    }
+
     /// The application has its answer and runs again.
     fn app_resumes(&mut self) {
         self.app = App::Running;
@@ -303,6 +312,7 @@ impl Service {
                 if let Err(e) = handled {
                     self.fail(format!("protocol error on a message from {from}: {e}"));
                 }
+                self.peer_spoke();
             }
             LinkEvent::Closed { from, cause } => {
                 self.open[from.idx()] = false;
