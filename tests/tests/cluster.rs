@@ -175,6 +175,12 @@ fn a_job_pins_to_cpus_no_other_job_holds_and_runs_unpinned_where_they_are_held()
     for (backend, out) in run_with("affinity", 2, 27, &env).iter() {
         out.assert_pass("affinity");
         assert!(pinned(out, 0, true) && pinned(out, 1, true), "{backend}: nobody holds them: {out:#?}");
+        // Unpinned at exit: the launcher's thread (a bench starting a second job from it, say)
+        // had stayed on one CPU, and so had every node it spawned next.
+        for node in 0..2 {
+            let after = format!("NODE {node} AFTER EXIT CPUS {cpus}");
+            assert!(out.stdout.lines().any(|l| l == after), "{backend}: {after:?}: {out:#?}");
+        }
     }
     // Stand-in for another job's launcher: every CPU held.
     let CpuClaim::Claimed(held) = CpuClaims::take_named(&names, cpus) else { panic!("cannot claim") };

@@ -74,6 +74,8 @@ pub struct Tmk {
     exit_failed: bool,
     /// Pinned to one CPU (`Stats::pinned`).
     pinned: bool,
+    /// The application thread's affinity before it was pinned, put back at exit or drop.
+    unpinned: Option<crate::mem::sched::Affinity>,
     /// Locks this node holds (releases are checked here, since they do not wait for a reply).
     held: Vec<u32>,
     nlocks: u32,
@@ -159,6 +161,7 @@ impl Tmk {
         let mut watch = None;
         let mut cpu_claims = None;
         let mut node_pinned = false;
+        let mut unpinned = None;
         let (engine, faults) = if n == 1 {
             (Engine::Local { node: Box::new(node), stats: Box::new(Stats::new(me, 1)) }, None)
         } else {
@@ -192,6 +195,7 @@ impl Tmk {
             // TLB shootdown on another CPU and its threads hand work to each other on one run
             // queue; a real-time service thread then preempts its own application at once.
             let cpus = crate::mem::sched::allowed_cpus();
+            unpinned = crate::mem::sched::Affinity::current();
             // To the launcher's claimed CPUs in turn, or to the `me`-th allowed one.
             let pinned = pin
                 && match claimed.filter(|c| !c.is_empty()) {
@@ -263,6 +267,7 @@ impl Tmk {
             last_error: std::cell::RefCell::new(None),
             exit_failed: false,
             pinned: node_pinned,
+            unpinned: unpinned.filter(|_| node_pinned),
             held: Vec::new(),
             nlocks: config.nlocks,
             _faults: faults,
@@ -697,6 +702,9 @@ impl Tmk {
         };
         self.exited = true;
         self.engine.join()?;
+        if let Some(a) = self.unpinned.take() {
+            a.restore();
+        }
         if self.stats_json {
             crate::report(&format!("TMK_STATS {}", stats.to_json()));
         } else if self.print_stats {
@@ -727,6 +735,9 @@ impl Drop for Tmk {
             };
             let _ = self.engine.call(Command::Shutdown { why });
             let _ = self.engine.join();
+        }
+        if let Some(a) = self.unpinned.take() {
+            a.restore();
         }
         // The other nodes notice a failed job within seconds and exit by themselves, saying why;
         // give them that long before they are killed (`Children::wait` kills on timeout).

@@ -840,6 +840,10 @@ fn main() -> ExitCode {
         r?;
         let me = tmk.proc_id();
         tmk.exit()?;
+        if scenario == "affinity" {
+            // Unpinned again: a program that goes on after its job keeps its CPUs.
+            println!("NODE {me} AFTER EXIT CPUS {}", treadmarks::mem::sched::allowed_cpus());
+        }
         if me == 0 {
             println!("PASS {scenario}");
         }

@@ -130,6 +130,24 @@ pub fn pin_to_cpu(index: usize) -> Option<usize> {
     pin_to(*cpus.get(index % cpus.len().max(1))?)
 }
 
+/// A thread's CPU affinity, taken before it is pinned, to be put back once its node is done
+/// ([`Affinity::restore`]): a program that goes on after its job, or starts another, is not
+/// left on one CPU.
+#[derive(Debug, Clone, Copy)]
+pub struct Affinity(nix::sched::CpuSet);
+
+impl Affinity {
+    /// The calling thread's, if the kernel says.
+    pub fn current() -> Option<Affinity> {
+        nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).ok().map(Affinity)
+    }
+
+    /// Makes it the calling thread's again (nothing if the kernel refuses).
+    pub fn restore(&self) {
+        let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &self.0);
+    }
+}
+
 /// Pins the calling thread, and the threads it starts afterwards, to CPU `cpu`. Returns it, or
 /// `None` if the kernel refused.
 pub fn pin_to(cpu: usize) -> Option<usize> {
