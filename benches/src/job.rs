@@ -409,8 +409,10 @@ pub fn run(tmk: &mut Tmk, proposed: Params) -> Result<Option<JobReport>> {
     }
     drop((raw, polled));
     tmk.barrier(BARRIER)?;
-    for h in echoes.into_iter().flatten() {
-        h.join().map_err(|_| "an echo thread panicked")??;
+    // Both joined, the first failure reported.
+    let ended: Vec<_> = echoes.into_iter().flatten().map(|h| h.join()).collect();
+    for e in ended {
+        e.map_err(|_| "an echo thread panicked")??;
     }
     let nodes = totals(tmk, &p)?;
     if me != 0 {
@@ -452,18 +454,18 @@ fn echo(mut s: TcpStream) -> std::io::Result<()> {
 /// socket's timeout) until the next one comes.
 fn echo_polled(s: TcpStream) -> std::io::Result<()> {
     let mut buf = [0u8; RAW_MSG];
+    s.set_nonblocking(true)?;
     while read_polled(&s, &mut buf, POLL_BUDGET)? {
         write_polled(&s, &buf)?;
     }
     Ok(())
 }
 
-/// Fills `buf` from `s`, spinning on the nonblocking socket for at most `budget` before it
-/// blocks; false if the stream ended first.
+/// Fills `buf` from the nonblocking socket `s`, spinning for at most `budget` before it blocks
+/// (and makes `s` nonblocking again); false if the stream ended first.
 fn read_polled(mut s: &TcpStream, buf: &mut [u8], budget: Duration) -> std::io::Result<bool> {
     let start = Instant::now();
     let mut filled = 0;
-    s.set_nonblocking(true)?;
     while filled < buf.len() {
         match s.read(&mut buf[filled..]) {
             Ok(0) => return Ok(false),
@@ -508,6 +510,7 @@ fn write_polled(mut s: &TcpStream, mut buf: &[u8]) -> std::io::Result<()> {
 /// for each answer (for at most [`IO_TIMEOUT`], then blocking).
 fn round_trips_polled(s: &mut TcpStream, n: u64, acc: Option<&mut Acc>) -> Result<()> {
     let (mut out, mut back) = ([0u8; RAW_MSG], [0u8; RAW_MSG]);
+    s.set_nonblocking(true)?;
     let mut samples = Vec::with_capacity(n as usize);
     for i in 0..n {
         out.fill(i as u8 ^ 0x5a);

@@ -177,8 +177,9 @@ impl Timer {
 
     /// Seconds since start, at the end of a DSM node's timed region: with `TMK_STATS=json`, the
     /// node also prints its statistics so far as one `TMK_TIMED_STATS {...}` line on standard
-    /// error, the timed region's traffic without the setup before it and the check after it
-    /// (what `tmk-bench` reports).
+    /// error: its traffic up to the timer's end, the check after the timed region left out (the
+    /// setup before it stays in: a barrier, a distribute and the input's first writes); what
+    /// `tmk-bench` reports.
     pub fn stop(&self, tmk: &mut Tmk) -> treadmarks::Result<f64> {
         let secs = self.secs();
         if std::env::var("TMK_STATS").is_ok_and(|v| v.eq_ignore_ascii_case("json")) {

@@ -41,9 +41,9 @@ pub fn stop_on_signals() {
 #[derive(Debug, Clone, Default)]
 pub struct Cell {
     pub secs: Option<f64>,
-    /// Per statistic, summed over the job's nodes (median run): of the timed region
-    /// (`TMK_TIMED_STATS`, each node's statistics at its timer's end), or of the whole job where
-    /// an app prints none.
+    /// Per statistic, summed over the job's nodes (median run): up to the end of the timed region
+    /// (`TMK_TIMED_STATS`, each node's statistics at its timer's end: the setup before it in,
+    /// the check after it out), or of the whole job where an app prints none.
     pub stats: BTreeMap<String, f64>,
     /// The same, of the whole job (`TMK_STATS`, at exit): setup and checks included.
     pub job_stats: BTreeMap<String, f64>,

@@ -106,8 +106,9 @@ pub struct Config {
     pub pin: Option<bool>,
     /// Real-time service thread (`TMK_SERVICE_RT`); `None`: when pinned.
     pub service_rt: Option<bool>,
-    /// How long the service thread polls while the application waits (`TMK_SERVICE_SPIN_US`);
-    /// `None`: [`DEFAULT_SERVICE_SPIN`] when the node has a CPU of its own, else none.
+    /// How long the service thread polls while the application waits (`TMK_SERVICE_SPIN_US`),
+    /// counted from the wait's start and again from each peer's message during it; `None`:
+    /// [`DEFAULT_SERVICE_SPIN`] when the node has a CPU of its own, else none.
     pub service_spin: Option<Duration>,
     /// How long the application thread polls for a reply, or for a fault's resolution, before
     /// it sleeps (`TMK_SPIN_US`).
@@ -621,7 +622,12 @@ impl Config {
             gib(total),
             gib(available)
         );
-        Err(invalid("TMK_NPROCS", &nodes.to_string(), why))
+        // A node joining by hand has no node count of its own to lower: name its reserves.
+        Err(if nodes == 1 {
+            invalid("TMK_TWIN_RESERVE", &twins.to_string(), why.replacen("run fewer, or lower", "lower", 1))
+        } else {
+            invalid("TMK_NPROCS", &nodes.to_string(), why)
+        })
     }
 
     /// What must be identical on every node of a job.

@@ -12,7 +12,8 @@
 //! thread may poll its sockets instead of sleeping in `epoll` (the spin budget, see
 //! [`crate::config::Config::service_spin`]): an answer then needs no wake-up of this thread,
 //! which on a virtual machine costs an inter-processor interrupt and tens of microseconds.
-//! Polling stops when the answer is handed over, or when the budget is spent.
+//! Polling stops when the answer is handed over, or when the budget is spent; a peer's message
+//! during the wait starts the budget again (the next tends to follow).
 //!
 //! Failure: a peer that dies, leaves early or sends garbage, or a protocol error, fails the job.
 //! The application gets an error from its pending or next call; if it is blocked in a page fault
