@@ -394,10 +394,10 @@ pub fn run(tmk: &mut Tmk, proposed: Params) -> Result<Option<JobReport>> {
         let n = |total: u64| if timed { p.per_round(total) } else { p.warmup };
         tmk.barrier(BARRIER)?;
         if let Some(s) = &mut raw {
-            round_trips(s, n(p.raw_rtt), pick(timed, raw_acc))?;
+            round_trips(s, n(p.raw_rtt), false, pick(timed, raw_acc))?;
         }
         if let Some(s) = &mut polled {
-            round_trips_polled(s, n(p.raw_rtt), pick(timed, polled_acc))?;
+            round_trips(s, n(p.raw_rtt), true, pick(timed, polled_acc))?;
         }
         ping(tmk, n(p.ping), pick(timed, ping_acc))?;
         lock(tmk, n(p.lock), None, pick(timed, lock_acc))?;
@@ -506,31 +506,6 @@ fn write_polled(mut s: &TcpStream, mut buf: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Node 0 only: `n` round trips of 64 bytes to node 1's polling echo thread, node 0 spinning
-/// for each answer (for at most [`IO_TIMEOUT`], then blocking).
-fn round_trips_polled(s: &mut TcpStream, n: u64, acc: Option<&mut Acc>) -> Result<()> {
-    let (mut out, mut back) = ([0u8; RAW_MSG], [0u8; RAW_MSG]);
-    s.set_nonblocking(true)?;
-    let mut samples = Vec::with_capacity(n as usize);
-    for i in 0..n {
-        out.fill(i as u8 ^ 0x5a);
-        let t = Instant::now();
-        write_polled(s, &out)?;
-        if !read_polled(s, &mut back, IO_TIMEOUT)? {
-            return Err(format!("raw_rtt_polled: node 1 closed the socket at round trip {i}").into());
-        }
-        samples.push(t.elapsed());
-        if back != out {
-            return Err(format!("raw_rtt_polled: round trip {i} came back altered").into());
-        }
-    }
-    if let Some(acc) = acc {
-        acc.samples.extend(samples);
-        acc.ops += n;
-    }
-    Ok(())
-}
-
 /// Accepts node 1's connection on `listener` (waiting a bounded time), as a blocking
 /// socket with `TCP_NODELAY` and an I/O timeout.
 pub fn accept(listener: TcpListener) -> Result<TcpStream> {
@@ -551,18 +526,29 @@ pub fn accept(listener: TcpListener) -> Result<TcpStream> {
     Ok(s)
 }
 
-/// Node 0 only: `n` round trips of 64 bytes to node 1's echo thread.
-fn round_trips(s: &mut TcpStream, n: u64, acc: Option<&mut Acc>) -> Result<()> {
+/// Node 0 only: `n` round trips of 64 bytes to node 1's echo thread on `s`: blocking, or with
+/// `polled` spinning for each answer (for at most [`IO_TIMEOUT`], then blocking) against the
+/// polling echo thread.
+fn round_trips(s: &mut TcpStream, n: u64, polled: bool, acc: Option<&mut Acc>) -> Result<()> {
+    let name = if polled { "raw_rtt_polled" } else { "raw_rtt" };
     let (mut out, mut back) = ([0u8; RAW_MSG], [0u8; RAW_MSG]);
     let mut samples = Vec::with_capacity(n as usize);
+    s.set_nonblocking(polled)?;
     for i in 0..n {
-        out.fill(i as u8);
+        out.fill(i as u8 ^ u8::from(polled));
         let t = Instant::now();
-        s.write_all(&out)?;
-        s.read_exact(&mut back)?;
+        if polled {
+            write_polled(s, &out)?;
+            if !read_polled(s, &mut back, IO_TIMEOUT)? {
+                return Err(format!("{name}: node 1 closed the socket at round trip {i}").into());
+            }
+        } else {
+            s.write_all(&out)?;
+            s.read_exact(&mut back)?;
+        }
         samples.push(t.elapsed());
         if back != out {
-            return Err(format!("raw_rtt: round trip {i} came back altered").into());
+            return Err(format!("{name}: round trip {i} came back altered").into());
         }
     }
     if let Some(acc) = acc {
