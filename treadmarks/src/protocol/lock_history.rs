@@ -5,8 +5,12 @@
 //! The node remembers, for every lock it acquired, the [`LockHistory::limit`] locks it acquired
 //! after it (repeats kept; the granter skips them). A request for a lock carries that list (its
 //! *wish*); the holder grants the lock and passes along the tokens of wished locks it holds and
-//! does not use, so the acquirer takes them without asking. A lock never followed yet (the first
-//! pass of a walk) wishes for the ids after it, a first guess that the walk's history replaces.
+//! does not use, so the acquirer takes them without asking. A lock taken again before `limit`
+//! acquires followed it wishes for those that did (fewer: a lock taken again and again, a task
+//! queue's, wishes for the few others taken between). A lock never taken yet (the first pass of
+//! a walk) wishes for the ids after it, a first guess that the walk's history replaces; a queue's
+//! lock had kept that guess through its first `limit` acquires, and its grants had passed the
+//! tokens of locks nobody took back and forth.
 //!
 //! # Invariants
 //! - `log` holds this node's last acquires (a ring of several times `limit`), `recorded` counts
@@ -36,6 +40,8 @@ pub struct LockHistory {
     /// Per lock, the locks that followed such an occurrence whose position has left the ring
     /// (copied out when it left).
     follow: Vec<Option<Vec<LockId>>>,
+    /// Per lock, the position of its last occurrence (in the ring or not).
+    last: Vec<Option<u64>>,
     /// Locks in the job (ids `0..nlocks`).
     nlocks: u32,
 }
@@ -50,6 +56,7 @@ impl LockHistory {
             recorded: 0,
             anchor: vec![None; per_lock],
             follow: vec![None; per_lock],
+            last: vec![None; per_lock],
             nlocks,
         }
     }
@@ -87,6 +94,7 @@ impl LockHistory {
             }
             self.log[(pos % len as u64) as usize] = lock;
         }
+        self.last[lock.idx()] = Some(pos);
         self.recorded += 1;
         // The occurrence `limit` acquires back is now followed by `limit` of them.
         if let Some(a) = self.recorded.checked_sub(self.limit as u64 + 1) {
@@ -105,18 +113,22 @@ impl LockHistory {
         after
     }
 
-    /// What followed `lock` the last time `limit` acquires did, if it was.
+    /// What followed `lock` the last time `limit` acquires did, if it was; else, if it was taken
+    /// at all, what followed its last occurrence (fewer than `limit`: it is in the ring).
     fn followers(&self, lock: LockId) -> Option<Vec<LockId>> {
         match self.anchor.get(lock.idx()).copied().flatten() {
             Some(pos) => Some(self.window(pos)),
-            None => self.follow.get(lock.idx()).cloned().flatten(),
+            None => self.follow.get(lock.idx()).cloned().flatten().or_else(|| {
+                let pos = self.last.get(lock.idx()).copied().flatten()?;
+                Some((pos + 1..self.recorded).map(|q| self.at(q)).filter(|&x| x != lock).collect())
+            }),
         }
     }
 
     /// The locks we expect to take after `lock`, as we did last time.
     ///
-    /// A lock we never saw followed (the first pass of a walk) gets the ids after it: programs
-    /// keep a lock per array element and walk them in order, and a wish is only a hint.
+    /// A lock we never took (the first pass of a walk) gets the ids after it: programs keep a
+    /// lock per array element and walk them in order, and a wish is only a hint.
     pub fn wish(&self, lock: LockId) -> Vec<LockId> {
         match self.followers(lock) {
             Some(after) => after,
@@ -216,8 +228,10 @@ mod tests {
         // After 1: 2, 2, 1 -> [2, 2] (itself left out); after the second 2: 1, 5, 6.
         assert_eq!(h.wish(LockId(1)), ids(&[2, 2]));
         assert_eq!(h.wish(LockId(2)), ids(&[1, 5, 6]));
-        // 5 was not yet followed by three acquires: the ids after it, as a first guess.
-        assert_eq!(h.wish(LockId(5)), ids(&[6, 7, 8]));
+        // 5 was followed by one acquire so far: that one. 7 was never taken: the ids after it,
+        // as a first guess.
+        assert_eq!(h.wish(LockId(5)), ids(&[6]));
+        assert_eq!(h.wish(LockId(7)), ids(&[8, 9, 10]));
         // We took 6 last; nothing followed 6 yet.
         assert_eq!(h.expected_order().entries(), vec![(LockId(6), 0)]);
         h.record(LockId(2));
@@ -270,15 +284,45 @@ mod tests {
         assert!(h.wish(LockId(9)).is_empty());
     }
 
-    /// The plain definition: a window of the last `limit` acquires, copied out at every acquire.
+    /// A lock taken again and again (a task queue's) wishes for the few others taken between,
+    /// not for the ids after it: its grants passed the tokens of locks nobody took back and
+    /// forth, 256 a grant, through its first `limit` acquires.
+    #[test]
+    fn a_lock_taken_again_before_it_is_followed_wishes_for_what_came_between() {
+        let mut h = LockHistory::new(256, 1024);
+        for _ in 0..10 {
+            h.record(LockId(1));
+        }
+        assert!(h.wish(LockId(1)).is_empty());
+        h.record(LockId(5));
+        h.record(LockId(1));
+        assert_eq!(h.wish(LockId(1)), ids(&[]));
+        assert_eq!(h.wish(LockId(5)), ids(&[1]));
+        assert_eq!(h.wish(LockId(6)).len(), 256, "never taken: the first guess");
+    }
+
+    /// The plain definition: a window of the last `limit` acquires, copied out at every acquire;
+    /// a lock not yet followed by that many, what followed its last occurrence.
     struct Reference {
         limit: usize,
         recent: std::collections::VecDeque<LockId>,
         follow: HashMap<LockId, Vec<LockId>>,
+        all: Vec<LockId>,
     }
 
     impl Reference {
+        fn wish(&self, l: LockId, nlocks: u32) -> Vec<LockId> {
+            if let Some(f) = self.follow.get(&l) {
+                return f.clone();
+            }
+            match self.all.iter().rposition(|&x| x == l) {
+                Some(i) => self.all[i + 1..].iter().copied().filter(|&x| x != l).collect(),
+                None => (l.0 + 1..(l.0 + 1 + self.limit as u32).min(nlocks)).map(LockId).collect(),
+            }
+        }
+
         fn record(&mut self, lock: LockId) {
+            self.all.push(lock);
             self.recent.push_back(lock);
             if self.recent.len() > self.limit {
                 let anchor = self.recent.pop_front().unwrap();
@@ -300,7 +344,8 @@ mod tests {
         };
         for limit in [1, 3, 8] {
             let mut h = LockHistory::new(limit, 64);
-            let mut r = Reference { limit, recent: Default::default(), follow: HashMap::new() };
+            let mut r =
+                Reference { limit, recent: Default::default(), follow: HashMap::new(), all: Vec::new() };
             for step in 0..5_000u64 {
                 let lock = match next(4) {
                     0 => LockId(next(64) as u32),
@@ -309,11 +354,7 @@ mod tests {
                 h.record(lock);
                 r.record(lock);
                 for l in (0..64).map(LockId) {
-                    let want =
-                        r.follow.get(&l).cloned().unwrap_or_else(|| {
-                            (l.0 + 1..(l.0 + 1 + limit as u32).min(64)).map(LockId).collect()
-                        });
-                    assert_eq!(h.wish(l), want, "limit {limit}, step {step}, {l:?}");
+                    assert_eq!(h.wish(l), r.wish(l, 64), "limit {limit}, step {step}, {l:?}");
                 }
             }
         }
