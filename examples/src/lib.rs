@@ -323,6 +323,27 @@ pub fn worst(errors: impl IntoIterator<Item = f64>) -> f64 {
     errors.into_iter().fold(0.0, |m: f64, e| if m.is_nan() || e <= m { m } else { e })
 }
 
+/// Refuses a size whose arrays (`bytes`, one copy) would not fit this machine's memory, naming
+/// `flags` (what set the size): seq and threads would abort on the allocation, the DSM would
+/// fail on a full heap, after its nodes started. `Ok` where the memory cannot be read.
+pub fn fits_memory(flags: &str, bytes: u128) -> Result<(), String> {
+    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        let line = m.lines().find(|l| l.starts_with("MemTotal:"))?.to_owned();
+        line.split_whitespace().nth(1)?.parse::<u128>().ok().map(|kib| kib << 10)
+    });
+    match total {
+        Some(total) if bytes > total => {
+            let gib = |b: u128| b as f64 / f64::from(1u32 << 30);
+            Err(format!(
+                "{flags}: its arrays take {:.1} GiB, more than this machine's {:.1} GiB of memory",
+                gib(bytes),
+                gib(total)
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Maps every page of `v` before a timed region, by writing one element of each back as it is.
 ///
 /// The DSM backs its heap at startup, before its timer starts (its statistics' "heap pages backed

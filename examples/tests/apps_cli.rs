@@ -83,6 +83,22 @@ fn bad_command_lines_are_refused_by_name() {
             &["-n", "2", "--cities", "40"][..],
             "tsp: --cities 40 is not from 3 to 32",
         ),
+        // Sizes whose arrays no machine here holds (seq aborted on the allocation).
+        (
+            env!("CARGO_BIN_EXE_fft"),
+            &["--mode", "seq", "--log2n", "40"][..],
+            "fft: --log2n 40: its arrays take 32768.0 GiB",
+        ),
+        (
+            env!("CARGO_BIN_EXE_matmul"),
+            &["-n", "2", "--size", "10000000"][..],
+            "matmul: --size 10000000: its arrays take",
+        ),
+        (
+            env!("CARGO_BIN_EXE_jacobi3d"),
+            &["--mode", "threads", "--nx", "100000", "--ny", "100000"][..],
+            "jacobi3d: --nx 100000 --ny 100000 --nz 64: its arrays take",
+        ),
         (
             env!("CARGO_BIN_EXE_tsp"),
             &["--mode", "seq", "--cities", "2"][..],

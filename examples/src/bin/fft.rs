@@ -336,6 +336,8 @@ fn size(args: &Args) -> Result<usize, String> {
     if !(2..=40).contains(&m) || !m.is_multiple_of(2) {
         return Err(format!("--log2n {m} must be even, from 2 to 40"));
     }
+    // Two arrays of 2^m complex numbers (16 bytes).
+    treadmarks_examples::fits_memory(&format!("--log2n {m}"), 32u128 << m)?;
     Ok(1 << (m / 2))
 }
 

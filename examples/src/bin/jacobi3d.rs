@@ -153,12 +153,16 @@ const FLAGS: &[Flag] = &[
 ];
 
 fn size(args: &Args) -> Result<Size, String> {
-    Ok(Size {
+    let s = Size {
         nx: args.get("nx"),
         ny: args.get("ny"),
         nz: args.get("nz"),
         iterations: args.get("iterations"),
-    })
+    };
+    // Two grids of doubles.
+    let points = s.nx as u128 * s.ny as u128 * s.nz as u128;
+    treadmarks_examples::fits_memory(&format!("--nx {} --ny {} --nz {}", s.nx, s.ny, s.nz), 16 * points)?;
+    Ok(s)
 }
 
 fn main() -> ExitCode {

@@ -402,6 +402,8 @@ fn size(args: &Args) -> Result<Size, String> {
     if bs == 0 || !n.is_multiple_of(bs) {
         return Err(format!("--size {n} is not a multiple of --block {bs}"));
     }
+    // The matrix and the copy its check keeps, n x n doubles each.
+    treadmarks_examples::fits_memory(&format!("--size {n}"), 16 * (n as u128).pow(2))?;
     Ok(Size { n, bs, nb: n / bs })
 }
 

@@ -101,7 +101,12 @@ fn main() -> ExitCode {
     run_app(
         "matmul",
         FLAGS,
-        |args| Ok(args.get("size")),
+        |args| {
+            let n: usize = args.get("size");
+            // A, B and C, n x n doubles each.
+            treadmarks_examples::fits_memory(&format!("--size {n}"), 24 * (n as u128).pow(2))?;
+            Ok(n)
+        },
         |app, n: usize| {
             let detail = format!("{n}x{n}");
             let (secs, ok) = match app.mode {

@@ -152,7 +152,13 @@ fn size(args: &Args) -> Result<Size, String> {
         // Red and black points alternate along a row: each array holds half of it.
         return Err(format!("--cols {cols} is not an even number of 2 or more"));
     }
-    Ok(Size { rows: args.get("rows"), half: cols / 2, iterations: args.get("iterations") })
+    let rows: usize = args.get("rows");
+    // The red and the black array, half a row of doubles each.
+    treadmarks_examples::fits_memory(
+        &format!("--rows {rows} --cols {cols}"),
+        8 * rows as u128 * cols as u128,
+    )?;
+    Ok(Size { rows, half: cols / 2, iterations: args.get("iterations") })
 }
 
 fn main() -> ExitCode {
