@@ -343,11 +343,6 @@ impl Config {
         } else {
             "0"
         };
-        let faults = match self.faults {
-            FaultsMode::Auto => "auto",
-            FaultsMode::Uffd => "uffd",
-            FaultsMode::Mprotect => "mprotect",
-        };
         vec![
             ("TMK_HEAP_SIZE", Some(self.heap_size.to_string())),
             ("TMK_HEAP_BASE", Some(format!("{:#x}", self.heap_base))),
@@ -368,7 +363,7 @@ impl Config {
             ("TMK_STREAM_MIN_PAGES", Some(self.stream_min_pages.to_string())),
             ("TMK_STATS", Some(stats.to_string())),
             ("TMK_CONNECT_TIMEOUT", Some(self.connect_timeout.as_secs_f64().ceil().to_string())),
-            ("TMK_FAULTS", Some(faults.to_string())),
+            ("TMK_FAULTS", Some(self.faults.name().to_string())),
         ]
     }
 

@@ -42,6 +42,17 @@ pub enum FaultsMode {
     Mprotect,
 }
 
+impl FaultsMode {
+    /// `"auto"`, `"uffd"` or `"mprotect"`, as `TMK_FAULTS` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultsMode::Auto => "auto",
+            FaultsMode::Uffd => "uffd",
+            FaultsMode::Mprotect => "mprotect",
+        }
+    }
+}
+
 impl std::str::FromStr for FaultsMode {
     type Err = String;
 
