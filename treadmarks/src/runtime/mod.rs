@@ -94,6 +94,16 @@ pub(crate) enum Reply {
     ShutDown,
 }
 
+/// `base` with the node's protocol statistics and consistency data now (the peak noted first:
+/// it is noted at points of the protocol, and the snapshot's own value counts too).
+pub(crate) fn node_snapshot(base: &Stats, node: &mut Node<HeapPages>) -> Stats {
+    let mut s = base.clone();
+    node.note_peak();
+    s.protocol = node.stats().clone();
+    s.consistency_bytes = node.consistency_bytes();
+    s
+}
+
 /// Starts `cmd` on `node`. Returns `Some` for a command that needs no completion (release);
 /// every other command completes through [`Node::poll_done`], possibly at once.
 pub(crate) fn start(
@@ -168,13 +178,7 @@ impl Engine {
                 if matches!(cmd, Command::Shutdown { .. }) {
                     return Ok(Reply::ShutDown);
                 }
-                let snapshot = |node: &mut Node<HeapPages>| {
-                    let mut s = (**stats).clone();
-                    node.note_peak();
-                    s.protocol = node.stats().clone();
-                    s.consistency_bytes = node.consistency_bytes();
-                    Box::new(s)
-                };
+                let snapshot = |node: &mut Node<HeapPages>| Box::new(node_snapshot(stats, node));
                 if matches!(cmd, Command::Stats) {
                     return Ok(Reply::Stats(snapshot(node)));
                 }

@@ -425,11 +425,7 @@ impl Service {
 
     /// [`Service::snapshot`] with the node already locked.
     fn snapshot_of(&self, node: &mut Node<HeapPages>) -> Stats {
-        let mut s = self.stats.clone();
-        // The peak is noted at points of the protocol; the snapshot's own value counts too.
-        node.note_peak();
-        s.protocol = node.stats().clone();
-        s.consistency_bytes = node.consistency_bytes();
+        let mut s = super::node_snapshot(&self.stats, node);
         let c = self.heap.counters();
         s.fast_write_faults = c.fast_write_faults;
         s.fault_handoffs = c.handoffs;
