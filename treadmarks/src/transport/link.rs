@@ -358,7 +358,7 @@ impl Links {
                 read_half,
                 peer,
                 events.clone(),
-                Arc::new(Semaphore::new(untaken_limit)),
+                untaken_limit,
                 Arc::clone(&counters),
                 Arc::clone(&pool),
             ));
@@ -676,12 +676,12 @@ async fn read_loop(
     half: OwnedReadHalf,
     from: NodeId,
     events: UnboundedSender<LinkEvent>,
-    untaken: Arc<Semaphore>,
+    limit: usize,
     counters: Arc<[Counters]>,
     pool: Arc<BufferPool>,
 ) {
-    // Up to the whole budget for one frame: a frame larger than it is read alone.
-    let limit = untaken.available_permits();
+    // This reader's budget; a frame larger than it takes all of it, and is read alone.
+    let untaken = Arc::new(Semaphore::new(limit));
     let counters = &counters[from.idx()];
     let mut reader = BufReader::with_capacity(READ_BUFFER, half);
     let cause = loop {
