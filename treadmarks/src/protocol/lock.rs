@@ -51,6 +51,7 @@
 use super::ProtocolError;
 use super::ids::{DiffSeq, IntervalIdx, LockId, NodeId, PageIdx};
 use super::interval::IntervalRecord;
+use super::lock_history::Wished;
 use super::memory::PageMemory;
 use super::msg::{Message, UnaskedDiffs};
 use super::node::{AppDone, Node, Pending};
@@ -63,7 +64,7 @@ use super::vtime::VectorTime;
 pub struct LockAsk {
     pub requester: NodeId,
     pub vt: VectorTime,
-    pub wish: Vec<LockId>,
+    pub wish: Vec<Wished>,
 }
 
 /// Where the manager sends the next request for a lock.
@@ -230,16 +231,16 @@ impl<M: PageMemory> Node<M> {
 
     /// The tokens of wished-for locks a grant of `lock` to `to` passes along, taken from this
     /// node (the module docs say which qualify and why).
-    fn bundle(&mut self, lock: LockId, to: NodeId, wish: &[LockId]) -> Vec<LockId> {
+    fn bundle(&mut self, lock: LockId, to: NodeId, wish: &[Wished]) -> Vec<LockId> {
         let mut out = Vec::new();
         let ours = self.lock_history.expected_order();
-        for (i, &b) in wish.iter().enumerate() {
+        for &Wished { lock: b, place } in wish {
             if out.len() >= self.lock_history.limit() {
                 break;
             }
-            // A lock wished twice is bundled once: its token is gone after the first time. A
-            // token we expect to take no later than the acquirer stays (`expected_order`).
-            if b == lock || ours.get(b).is_some_and(|j| j <= i) {
+            // A token we expect to take no later than the acquirer stays (`expected_order`). A
+            // lock a peer wished for twice is bundled once: its token is gone the first time.
+            if b == lock || ours.get(b).is_some_and(|j| j <= place as usize) {
                 continue;
             }
             let manager = self.manager_of(b);
@@ -343,9 +344,14 @@ impl<M: PageMemory> Node<M> {
         out
     }
 
-    /// Checks the locks a peer's wish or bundle names.
+    /// Checks the locks a peer's bundle names.
     fn check_locks(&self, locks: &[LockId]) -> Result<(), ProtocolError> {
         locks.iter().try_for_each(|&l| self.check_lock(l))
+    }
+
+    /// Checks the locks a peer's wish names (its places are hints, any will do).
+    fn check_wish(&self, wish: &[Wished]) -> Result<(), ProtocolError> {
+        wish.iter().try_for_each(|w| self.check_lock(w.lock))
     }
 
     pub(crate) fn handle_lock_request(
@@ -356,7 +362,7 @@ impl<M: PageMemory> Node<M> {
         ask: LockAsk,
     ) -> Result<(), ProtocolError> {
         self.check_lock(lock)?;
-        self.check_locks(&ask.wish)?;
+        self.check_wish(&ask.wish)?;
         let bad = |what: &str| ProtocolError::Unexpected { from, what: format!("{what} for {lock}") };
         if self.manager_of(lock) != self.me || ask.vt.len() != self.nprocs() {
             return Err(bad("lock request"));
@@ -380,7 +386,7 @@ impl<M: PageMemory> Node<M> {
         tail: Option<u32>,
     ) -> Result<(), ProtocolError> {
         self.check_lock(lock)?;
-        self.check_locks(&ask.wish)?;
+        self.check_wish(&ask.wish)?;
         let bad = |what: &str| ProtocolError::Unexpected { from, what: format!("{what} of {lock}") };
         let manager = self.manager_of(lock);
         // From the manager, or sent back to us, the manager, by a node that bundled us the token.

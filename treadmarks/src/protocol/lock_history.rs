@@ -3,29 +3,43 @@
 //! A program that walks many locks in a pattern (SPLASH's Water takes one lock per molecule, in
 //! the same order every step) pays a round trip for every acquire whose token another node holds.
 //! The node remembers, for every lock it acquired, the [`LockHistory::limit`] locks it acquired
-//! after it (repeats kept; the granter skips them). A request for a lock carries that list (its
-//! *wish*); the holder grants the lock and passes along the tokens of wished locks it holds and
-//! does not use, so the acquirer takes them without asking. A lock taken again before `limit`
-//! acquires followed it wishes for those that did (fewer: a lock taken again and again, a task
-//! queue's, wishes for the few others taken between). A lock never taken yet (the first pass of
-//! a walk) wishes for the ids after it, a first guess that the walk's history replaces; a queue's
-//! lock had kept that guess through its first `limit` acquires, and its grants had passed the
-//! tokens of locks nobody took back and forth.
+//! after it. A request for a lock carries them (its *wish*: each lock once, with the place of its
+//! first acquire among them, [`Wished`]); the holder grants the lock and passes along the tokens
+//! of wished locks it holds and does not use, so the acquirer takes them without asking. A lock
+//! taken again before `limit` acquires followed it wishes for those that did (fewer: a lock
+//! taken again and again, a task queue's, wishes for the few others taken between). A lock never
+//! taken yet (the first pass of a walk) wishes for the ids after it, a first guess that the
+//! walk's history replaces; a queue's lock had kept that guess through its first `limit`
+//! acquires, and its grants had passed the tokens of locks nobody took back and forth.
+//!
+//! A wish names each lock once. It had named a lock as often as it was taken, each at its place,
+//! and the granter skipped the repeats: a node that took lock 0 256 times after lock 1 sent 256
+//! ids with every request for lock 1, and its granter walked them all.
 //!
 //! # Invariants
 //! - `log` holds this node's last acquires (a ring of several times `limit`), `recorded` counts
 //!   them all.
 //! - What followed lock `l` — the locks other than `l` acquired in the `limit` acquires after
-//!   it, the last time `l` was followed by that many, in order (a lock taken twice appears
-//!   twice; the granter skips repeats) — is read from the ring after `anchor[l]` while that
-//!   occurrence is in it, and from `follow[l]` (copied out as it left) after; a lock has one or
-//!   the other. Recording costs O(1) per acquire, plus O(`limit`) when an anchor leaves the
-//!   ring (a lock not taken again for a whole ring).
+//!   it, the last time `l` was followed by that many, each at its first place among them (0 =
+//!   the first acquire after `l` of a lock other than `l`) — is read from the ring after
+//!   `anchor[l]` while that occurrence is in it, and from `follow[l]` (copied out as it left)
+//!   after; a lock has one or the other. Recording costs O(1) per acquire, plus O(`limit`) when
+//!   an anchor leaves the ring (a lock not taken again for a whole ring).
+//! - A wish's places strictly increase, and it names no lock twice.
 //! - With `limit == 0` nothing is recorded and every wish is empty: bundling is off.
+
+use serde::{Deserialize, Serialize};
 
 use super::ids::LockId;
 
-/// A node's recent acquires and what followed each lock.
+/// A lock a request wishes for, and when the acquirer expects to take it: `place` is how many
+/// acquires of other locks (not the requested one) it expects first, as last time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Wished {
+    pub lock: LockId,
+    pub place: u32,
+}
+
 #[derive(Debug, Default)]
 pub struct LockHistory {
     limit: usize,
@@ -37,11 +51,13 @@ pub struct LockHistory {
     /// followed. Vectors rather than hash maps: recording runs in every acquire, local ones too,
     /// and two hashed lookups cost a local acquire a fifth of its time.
     anchor: Vec<Option<u64>>,
-    /// Per lock, the locks that followed such an occurrence whose position has left the ring
-    /// (copied out when it left).
-    follow: Vec<Option<Vec<LockId>>>,
+    /// Per lock, what followed such an occurrence whose position has left the ring (copied out
+    /// when it left).
+    follow: Vec<Option<Vec<Wished>>>,
     /// Per lock, the position of its last occurrence (in the ring or not).
     last: Vec<Option<u64>>,
+    /// The locks a list being built names already.
+    seen: Seen,
     /// Locks in the job (ids `0..nlocks`).
     nlocks: u32,
 }
@@ -57,6 +73,7 @@ impl LockHistory {
             anchor: vec![None; per_lock],
             follow: vec![None; per_lock],
             last: vec![None; per_lock],
+            seen: Seen { list: vec![0; per_lock], stamp: 0 },
             nlocks,
         }
     }
@@ -104,62 +121,101 @@ impl LockHistory {
         }
     }
 
-    /// The locks other than the one at `pos` in the `limit` acquires after it (in the ring).
-    fn window(&self, pos: u64) -> Vec<LockId> {
-        let l = self.at(pos);
-        // Sized up front: growing it a doubling at a time was half of a grant's bundling.
-        let mut after = Vec::with_capacity(self.limit);
-        after.extend((pos + 1..=pos + self.limit as u64).map(|q| self.at(q)).filter(|&x| x != l));
-        after
+    /// What followed the occurrence at `pos` in the `limit` acquires after it (in the ring).
+    fn window(&mut self, pos: u64) -> Vec<Wished> {
+        let lock = self.at(pos);
+        self.seen.first_places(lock, span(&self.log, pos + 1, pos + 1 + self.limit as u64))
     }
 
     /// What followed `lock` the last time `limit` acquires did, if it was; else, if it was taken
     /// at all, what followed its last occurrence (fewer than `limit`: it is in the ring).
-    fn followers(&self, lock: LockId) -> Option<Vec<LockId>> {
-        match self.anchor.get(lock.idx()).copied().flatten() {
-            Some(pos) => Some(self.window(pos)),
-            None => self.follow.get(lock.idx()).cloned().flatten().or_else(|| {
-                let pos = self.last.get(lock.idx()).copied().flatten()?;
-                Some((pos + 1..self.recorded).map(|q| self.at(q)).filter(|&x| x != lock).collect())
-            }),
+    fn followers(&mut self, lock: LockId) -> Option<Vec<Wished>> {
+        if let Some(pos) = self.anchor.get(lock.idx()).copied().flatten() {
+            return Some(self.window(pos));
         }
+        if let Some(after) = self.follow.get(lock.idx()).cloned().flatten() {
+            return Some(after);
+        }
+        let pos = self.last.get(lock.idx()).copied().flatten()?;
+        Some(self.seen.first_places(lock, span(&self.log, pos + 1, self.recorded)))
     }
 
     /// The locks we expect to take after `lock`, as we did last time.
     ///
     /// A lock we never took (the first pass of a walk) gets the ids after it: programs keep a
     /// lock per array element and walk them in order, and a wish is only a hint.
-    pub fn wish(&self, lock: LockId) -> Vec<LockId> {
+    pub fn wish(&mut self, lock: LockId) -> Vec<Wished> {
         match self.followers(lock) {
             Some(after) => after,
             None if self.limit > 0 => {
                 let end = lock.0.saturating_add(1 + self.limit as u32).min(self.nlocks);
-                (lock.0 + 1..end).map(LockId).collect()
+                (lock.0 + 1..end).zip(0..).map(|(l, place)| Wished { lock: LockId(l), place }).collect()
             }
             None => Vec::new(),
         }
     }
 
     /// When we expect to take each lock next, as we did last time: the lock we took last at 0,
-    /// then the locks that followed it, each at its first place in that list (0 = our next
+    /// then the locks that followed it, each at its first place among them (0 = our next
     /// acquire). Locks we do not expect are absent.
     ///
     /// A granter keeps a wished token it expects to take no later than the acquirer, which
-    /// wishes its `i`-th lock `i` acquires ahead, and passes along the others: a token goes to
+    /// wishes for each lock at its place, and passes along the others: a token goes to
     /// whichever node takes it sooner. Keeping every expected token bundled none once a history
     /// was as long as a whole lock walk (water at 2 nodes with `TMK_LOCK_BUNDLE=512`: 1.4 s
     /// against 0.09 s); keeping the next 32 only gave away tokens the granter took in its next
     /// hundred acquires, which then came back one grant at a time (0.105 s against 0.086 s).
-    pub fn expected_order(&self) -> ExpectedOrder {
+    pub fn expected_order(&mut self) -> ExpectedOrder {
         let mut order = ExpectedOrder { place: Vec::new(), len: 0 };
         if let Some(pos) = self.recorded.checked_sub(1) {
             let last = self.at(pos);
             order.note(last, 0);
-            for (j, l) in self.followers(last).into_iter().flatten().enumerate() {
-                order.note(l, j);
+            for w in self.followers(last).into_iter().flatten() {
+                order.note(w.lock, w.place as usize);
             }
         }
         order
+    }
+}
+
+/// The locks acquired at positions `from..to` of the ring `log`, oldest first; all must be in it
+/// (fewer than `log.len()` positions, none older than the ring holds).
+fn span(log: &[LockId], from: u64, to: u64) -> impl Iterator<Item = LockId> + '_ {
+    let n = (to - from) as usize;
+    let start = (from % log.len().max(1) as u64) as usize;
+    let first = &log[start..(start + n).min(log.len())];
+    first.iter().chain(&log[..n - first.len()]).copied()
+}
+
+/// Which locks the list being built names already: a stamp per lock, so that starting a list
+/// clears nothing.
+#[derive(Debug, Default)]
+struct Seen {
+    /// Per lock, the stamp of the last list that named it.
+    list: Vec<u32>,
+    /// The current list's stamp (never 0 while a list is built).
+    stamp: u32,
+}
+
+impl Seen {
+    /// Each lock of `after` other than `lock`, once, at its first place among them (the places
+    /// count the acquires of other locks than `lock`).
+    fn first_places(&mut self, lock: LockId, after: impl Iterator<Item = LockId>) -> Vec<Wished> {
+        self.stamp = self.stamp.wrapping_add(1);
+        if self.stamp == 0 {
+            self.list.fill(0);
+            self.stamp = 1;
+        }
+        let mut out = Vec::new();
+        for (place, l) in (0..).zip(after.filter(|&l| l != lock)) {
+            if let Some(seen) = self.list.get_mut(l.idx())
+                && *seen != self.stamp
+            {
+                *seen = self.stamp;
+                out.push(Wished { lock: l, place });
+            }
+        }
+        out
     }
 }
 
@@ -219,19 +275,35 @@ mod tests {
         v.iter().copied().map(LockId).collect()
     }
 
+    /// The locks a wish names, in order.
+    fn locks(w: Vec<Wished>) -> Vec<LockId> {
+        w.into_iter().map(|w| w.lock).collect()
+    }
+
+    /// The plain definition of a wish from the locks that followed: each once, at the index of
+    /// its first occurrence.
+    fn firsts(after: Vec<LockId>) -> Vec<Wished> {
+        let mut seen = std::collections::HashSet::new();
+        (0..)
+            .zip(after)
+            .filter(|&(_, l)| seen.insert(l))
+            .map(|(place, lock)| Wished { lock, place })
+            .collect()
+    }
+
     #[test]
     fn a_lock_is_followed_by_the_other_locks_taken_after_it() {
         let mut h = LockHistory::new(3, 100);
         for l in [1, 2, 2, 1, 5, 6] {
             h.record(LockId(l));
         }
-        // After 1: 2, 2, 1 -> [2, 2] (itself left out); after the second 2: 1, 5, 6.
-        assert_eq!(h.wish(LockId(1)), ids(&[2, 2]));
-        assert_eq!(h.wish(LockId(2)), ids(&[1, 5, 6]));
+        // After 1: 2, 2, 1 -> 2 at place 0 (once; itself left out); after the second 2: 1, 5, 6.
+        assert_eq!(h.wish(LockId(1)), vec![Wished { lock: LockId(2), place: 0 }]);
+        assert_eq!(locks(h.wish(LockId(2))), ids(&[1, 5, 6]));
         // 5 was followed by one acquire so far: that one. 7 was never taken: the ids after it,
         // as a first guess.
-        assert_eq!(h.wish(LockId(5)), ids(&[6]));
-        assert_eq!(h.wish(LockId(7)), ids(&[8, 9, 10]));
+        assert_eq!(locks(h.wish(LockId(5))), ids(&[6]));
+        assert_eq!(h.wish(LockId(7)), firsts(ids(&[8, 9, 10])));
         // We took 6 last; nothing followed 6 yet.
         assert_eq!(h.expected_order().entries(), vec![(LockId(6), 0)]);
         h.record(LockId(2));
@@ -265,6 +337,22 @@ mod tests {
         // 1 is the last; last time 2, 3, 2, 4 followed it.
         assert_eq!(h.expected_order().get(LockId(2)), Some(0));
         assert_eq!(h.expected_order().get(LockId(4)), Some(3));
+        let w = |lock, place| Wished { lock: LockId(lock), place };
+        assert_eq!(h.wish(LockId(1)), vec![w(2, 0), w(3, 1), w(4, 3)]);
+    }
+
+    /// A lock taken once and then another 256 times wishes for that other once (it had named it
+    /// 256 times, and its granter walked them all).
+    #[test]
+    fn a_wish_names_a_lock_once() {
+        let mut h = LockHistory::new(256, 1024);
+        h.record(LockId(1));
+        for _ in 0..300 {
+            h.record(LockId(0));
+        }
+        assert_eq!(h.wish(LockId(1)), vec![Wished { lock: LockId(0), place: 0 }]);
+        h.record(LockId(1));
+        assert_eq!(h.wish(LockId(1)), vec![Wished { lock: LockId(0), place: 0 }], "from the ring");
     }
 
     #[test]
@@ -273,14 +361,14 @@ mod tests {
         for l in [1, 2, 3, 1, 7, 8] {
             h.record(LockId(l));
         }
-        assert_eq!(h.wish(LockId(1)), ids(&[7, 8]));
+        assert_eq!(locks(h.wish(LockId(1))), ids(&[7, 8]));
     }
 
     #[test]
     fn a_lock_never_followed_wishes_for_the_ids_after_it_within_the_job() {
-        let h = LockHistory::new(4, 10);
-        assert_eq!(h.wish(LockId(2)), ids(&[3, 4, 5, 6]));
-        assert_eq!(h.wish(LockId(8)), ids(&[9]));
+        let mut h = LockHistory::new(4, 10);
+        assert_eq!(h.wish(LockId(2)), firsts(ids(&[3, 4, 5, 6])));
+        assert_eq!(locks(h.wish(LockId(8))), ids(&[9]));
         assert!(h.wish(LockId(9)).is_empty());
     }
 
@@ -296,8 +384,8 @@ mod tests {
         assert!(h.wish(LockId(1)).is_empty());
         h.record(LockId(5));
         h.record(LockId(1));
-        assert_eq!(h.wish(LockId(1)), ids(&[]));
-        assert_eq!(h.wish(LockId(5)), ids(&[1]));
+        assert!(h.wish(LockId(1)).is_empty());
+        assert_eq!(locks(h.wish(LockId(5))), ids(&[1]));
         assert_eq!(h.wish(LockId(6)).len(), 256, "never taken: the first guess");
     }
 
@@ -354,7 +442,7 @@ mod tests {
                 h.record(lock);
                 r.record(lock);
                 for l in (0..64).map(LockId) {
-                    assert_eq!(h.wish(l), r.wish(l, 64), "limit {limit}, step {step}, {l:?}");
+                    assert_eq!(h.wish(l), firsts(r.wish(l, 64)), "limit {limit}, step {step}, {l:?}");
                 }
             }
         }

@@ -1,6 +1,7 @@
 //! Small, readable protocol scenarios: a few nodes, messages delivered in order, and assertions
 //! on exactly which messages flow. (The seeded simulation in `sim.rs` covers the random cases.)
 
+use super::lock_history::Wished;
 use super::*;
 
 const PAGE: usize = 64;
@@ -597,8 +598,12 @@ fn bad_input_from_a_peer_is_an_error_not_a_panic() {
     let fwd = Message::LockRequest { lock: LockId(77), seq: 1, vt: VectorTime::zero(2), wish: vec![] };
     assert!(matches!(n.handle_message(NodeId(1), fwd), Err(ProtocolError::UnknownLock { .. })));
     // A wish naming a lock the job does not have: an error naming it.
-    let wish =
-        Message::LockRequest { lock: LockId(0), seq: 1, vt: VectorTime::zero(2), wish: vec![LockId(99)] };
+    let wish = Message::LockRequest {
+        lock: LockId(0),
+        seq: 1,
+        vt: VectorTime::zero(2),
+        wish: vec![Wished { lock: LockId(99), place: 0 }],
+    };
     let e = n.handle_message(NodeId(1), wish).unwrap_err();
     assert_eq!(e, ProtocolError::UnknownLock { lock: LockId(99), nlocks: 8 });
     // A grant bundling a token we already have (node 0 manages lock 2 and holds its token).
