@@ -302,6 +302,13 @@ impl<M: PageMemory> Node<M> {
                 what: format!("release naming a push from {bad}"),
             });
         }
+        // Each pusher once: the list is scanned for every page the release invalidates.
+        if (1..pushed_by.len()).any(|i| pushed_by[..i].contains(&pushed_by[i])) {
+            return Err(ProtocolError::Unexpected {
+                from,
+                what: format!("release naming a pusher twice: {pushed_by:?}"),
+            });
+        }
         if !gc {
             self.expect_pushes(pushed_by.clone());
         }

@@ -33,7 +33,8 @@ use std::collections::BTreeMap;
 /// Bytes of consistency data held, by kind (twins are counted from the twinned set).
 #[derive(Debug, Clone, Default)]
 pub struct Accounting {
-    /// Interval records (ours and others', including those a barrier manager buffers).
+    /// Interval records in the log (ours and others'; not those a barrier manager holds for
+    /// an episode until it completes).
     pub record_bytes: u64,
     /// Our diffs.
     pub diff_bytes: u64,

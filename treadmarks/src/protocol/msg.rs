@@ -131,8 +131,10 @@ pub enum Message {
     GcRelease,
     /// Faulting node → writer: one request per writer, for every page it needs from it.
     DiffRequest { asks: Vec<DiffAsk> },
-    /// Writer → faulting node: the diffs, page by page, in the order asked.
-    DiffReply { pages: Vec<PageDiffs> },
+    /// Writer → faulting node: the diffs, page by page, in the order asked; one request's
+    /// answer comes in several replies when its diffs are larger than `limits.reply_bytes`.
+    /// `continued`: this reply's last page has more diffs in the next reply.
+    DiffReply { pages: Vec<PageDiffs>, continued: bool },
     /// Writer → a node that read these pages before, at the writer's arrival at a barrier: its
     /// diffs of them up to interval `upto`, before they are asked for (see `push.rs`).
     /// `episode`: the number of barriers passed once this one completes.

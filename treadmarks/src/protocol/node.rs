@@ -19,7 +19,7 @@ use super::lock::{LockAsk, LockState};
 use super::lock_history::LockHistory;
 use super::memory::{Access, PageMemory};
 use super::msg::{AllocFailure, DiffWire, Message, PageCopy, PageDiffs};
-use super::page::{Miss, PageMeta};
+use super::page::{Miss, PageMeta, cut_reply};
 use super::push::PushState;
 use super::stats::ProtocolStats;
 use super::stream::StreamState;
@@ -70,8 +70,11 @@ pub struct Limits {
     pub defer_notices_min: usize,
     /// Pages in the first request of a batch to one writer (`page.rs`: `FIRST_REQUEST_PAGES`).
     pub first_request_pages: usize,
-    /// Most pages one request names ([`super::page::PAGES_PER_REQUEST`]).
+    /// Most pages one request names ([`super::page::PAGES_PER_REQUEST`]); a server refuses a
+    /// request naming more.
     pub pages_per_request: usize,
+    /// Most diff bytes one reply or push carries ([`super::page::REPLY_BYTES`]).
+    pub reply_bytes: usize,
 }
 
 impl Default for Limits {
@@ -82,6 +85,7 @@ impl Default for Limits {
             defer_notices_min: super::barrier::DEFER_NOTICES_MIN,
             first_request_pages: super::page::FIRST_REQUEST_PAGES,
             pages_per_request: super::page::PAGES_PER_REQUEST,
+            reply_bytes: super::page::REPLY_BYTES,
         }
     }
 }
@@ -357,7 +361,7 @@ impl<M: PageMemory> Node<M> {
 
     pub(crate) fn dispatch(&mut self, from: NodeId, msg: Message) -> Result<(), ProtocolError> {
         match &msg {
-            Message::DiffReply { pages } => {
+            Message::DiffReply { pages, .. } => {
                 for pd in pages {
                     self.check_diffs(from, pd.page, &pd.diffs)?;
                 }
@@ -386,25 +390,36 @@ impl<M: PageMemory> Node<M> {
                 self.handle_barrier_release(from, barrier, intervals, gc, heap_end, pushed_by)
             }
             Message::DiffRequest { asks } => {
+                self.check_request_len(from, "diff", asks.len())?;
                 for a in &asks {
                     self.check_page(from, a.page)?;
                 }
                 self.note_fetched_after_skip(from, &asks);
                 let pages = self.serve_diff_request(&asks, self.app_blocked());
                 self.note_subscribers(from, &asks, &pages);
-                self.outbox.push_back((from, Message::DiffReply { pages }));
+                for (pages, continued) in cut_reply(pages, self.cfg.limits.reply_bytes) {
+                    self.outbox.push_back((from, Message::DiffReply { pages, continued }));
+                }
                 Ok(())
             }
             Message::DiffPush { episode, upto, pages } => self.handle_diff_push(from, episode, upto, pages),
             Message::Unsubscribe { pages } => self.handle_unsubscribe(from, pages),
-            Message::DiffReply { pages } => {
-                for PageDiffs { page, diffs } in pages {
+            Message::DiffReply { pages, continued } => {
+                if continued && pages.is_empty() {
+                    return Err(ProtocolError::Unexpected {
+                        from,
+                        what: "continued diff reply of no page".into(),
+                    });
+                }
+                let last = pages.len().saturating_sub(1);
+                for (i, PageDiffs { page, diffs }) in pages.into_iter().enumerate() {
                     self.check_page(from, page)?;
-                    self.handle_diff_reply(from, page, diffs)?;
+                    self.handle_diff_reply(from, page, diffs, !(continued && i == last))?;
                 }
                 Ok(())
             }
             Message::PageRequest { pages } => {
+                self.check_request_len(from, "page", pages.len())?;
                 for &p in &pages {
                     self.check_page(from, p)?;
                 }
@@ -468,6 +483,19 @@ impl<M: PageMemory> Node<M> {
         let npages = self.mem.npages();
         if page.0 >= npages {
             return Err(ProtocolError::PageOutOfRange { from, page, npages });
+        }
+        Ok(())
+    }
+
+    /// Refuses a request naming more pages than any node sends in one (`limits.pages_per_request`):
+    /// serving one costs about a page of memory per entry, a page named twice included.
+    fn check_request_len(&self, from: NodeId, what: &str, len: usize) -> Result<(), ProtocolError> {
+        let most = self.cfg.limits.pages_per_request.max(1);
+        if len > most {
+            return Err(ProtocolError::Unexpected {
+                from,
+                what: format!("{what} request of {len} pages (at most {most})"),
+            });
         }
         Ok(())
     }
@@ -632,6 +660,16 @@ impl<M: PageMemory> Node<M> {
             }
             if let Some(&page) = r.pages.iter().find(|p| p.0 >= npages) {
                 return Err(ProtocolError::PageOutOfRange { from, page, npages });
+            }
+            let bad = |what: String| ProtocolError::Unexpected {
+                from,
+                what: format!("interval record {}.{}: {what}", r.node, r.index),
+            };
+            if r.vt.get(r.node) != r.index {
+                return Err(bad(format!("its own vt entry is {}", r.vt.get(r.node))));
+            }
+            if let Some(w) = r.pages.windows(2).find(|w| w[0] >= w[1]) {
+                return Err(bad(format!("pages not ascending ({} then {})", w[0], w[1])));
             }
             let k = &mut known[r.node.idx()];
             if r.index > *k + 1 {

@@ -11,7 +11,9 @@
 //!   interval. A notice is a claim "there may be changes up to here", which is safe.
 //! - `writers[n]`: for each writer `n`, the newest interval `noticed` for which we hold a write
 //!   notice, the newest interval `applied` whose changes we have, and the newest diff `applied_seq`
-//!   of `n` we have applied. The page is stale (and invalid) while some `noticed > applied`.
+//!   of `n` we have applied. The page is stale (and invalid) while some `noticed > applied`;
+//!   only while a barrier is being passed may a stale page stay readable, waiting for the
+//!   pushes that may complete it in place (`push.rs`, "Applying in place").
 //! - `diffs`: our own diffs of the page, oldest first.
 //! - `whole`: the page was declared overwritten ([`Node::request_overwrite`]): the next diff cut
 //!   from its twin is the whole page, and the page is noticed at its interval's close even if it
@@ -61,9 +63,58 @@ use super::stream::from_both_ends;
 use super::vtime::VectorTime;
 use smallvec::SmallVec;
 
-/// Most pages one diff or page request names, so that a reply stays far below the transport's
-/// frame limit (about a page of data per page asked: ~1 MiB per reply with 4 KiB pages).
+/// Most pages one diff or page request names: about a page of data per page asked, ~1 MiB per
+/// reply with 4 KiB pages, unless the requester lacks several diffs of a page.
 pub const PAGES_PER_REQUEST: usize = 256;
+
+/// Most diff bytes one [`Message::DiffReply`] or [`Message::DiffPush`] carries, far below the
+/// transport's frame limit (64 MiB). A requester that lacks many diffs of its pages (a reader
+/// hundreds of lock hand-offs behind a writer that rewrites them) gets its answer in several
+/// replies, a page's diffs cut between two if need be; a push leaves out the pages past it,
+/// which the subscriber fetches. (The reply had been one frame whatever its size, and over the
+/// frame limit failed the job.)
+pub const REPLY_BYTES: usize = 8 << 20;
+
+/// Bytes a diff takes in a message beyond its own (its sequence number and timestamp, at most).
+fn wire_overhead(d: &DiffWire) -> usize {
+    16 + 10 * d.first_vt.len()
+}
+
+/// Bytes the diffs of `pages` take in a message, about (at most).
+pub(crate) fn wire_bytes<'a>(pages: impl IntoIterator<Item = &'a DiffList>) -> usize {
+    pages.into_iter().flatten().map(|d| d.diff.encoded_len() + wire_overhead(d)).sum()
+}
+
+/// A reply's pages cut into replies of at most `budget` diff bytes each (but at least one diff
+/// each), with whether each reply's last page goes on in the next (`continued`). A page's diffs
+/// stay in their order, and the replies in theirs; the requester completes a page once its
+/// last part has come.
+pub(crate) fn cut_reply(pages: Vec<PageDiffs>, budget: usize) -> Vec<(Vec<PageDiffs>, bool)> {
+    if wire_bytes(pages.iter().map(|pd| &pd.diffs)) <= budget {
+        return vec![(pages, false)];
+    }
+    let mut replies = Vec::new();
+    let (mut reply, mut bytes) = (Vec::new(), 0);
+    for PageDiffs { page, diffs } in pages {
+        let mut part = PageDiffs { page, diffs: DiffList::new() };
+        for d in diffs {
+            let len = d.diff.encoded_len() + wire_overhead(&d);
+            if bytes > 0 && bytes + len > budget {
+                let continued = !part.diffs.is_empty();
+                if continued {
+                    reply.push(std::mem::replace(&mut part, PageDiffs { page, diffs: DiffList::new() }));
+                }
+                replies.push((std::mem::take(&mut reply), continued));
+                bytes = 0;
+            }
+            bytes += len;
+            part.diffs.push(d);
+        }
+        reply.push(part);
+    }
+    replies.push((reply, false));
+    replies
+}
 
 /// Pages in the first request of a batch to one node; each further request names twice as many,
 /// up to [`PAGES_PER_REQUEST`]. The first reply comes back (and is applied) while the writer still
@@ -897,21 +948,27 @@ impl<M: PageMemory> Node<M> {
         PageDiffs { page: p, diffs }
     }
 
+    /// `from`'s diffs of `p` for our miss; `last`: the last of them (not `continued` in the
+    /// next reply).
     pub(crate) fn handle_diff_reply(
         &mut self,
         from: NodeId,
         p: PageIdx,
         diffs: DiffList,
+        last: bool,
     ) -> Result<(), ProtocolError> {
         let slot = self.misses.get_mut(&p).and_then(|m| {
             let i = m.asked.iter().position(|(n, _, answered)| *n == from && !answered)?;
-            m.asked[i].2 = true;
+            m.asked[i].2 = last;
             Some(m)
         });
         let Some(miss) = slot else {
             return Err(ProtocolError::Unexpected { from, what: format!("diff reply for {p}") });
         };
         miss.diffs.extend(diffs.into_iter().map(|d| (from, d)));
+        if !last {
+            return Ok(());
+        }
         self.try_finish_miss(p)
     }
 

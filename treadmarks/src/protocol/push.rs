@@ -18,7 +18,8 @@
 //!   tells each subscriber whom to wait for, and a node passes the barrier only with its pushes
 //!   in hand (`barrier.rs`). Only pages with a twin to cut or a diff the subscriber lacks are
 //!   sent, and only to a subscriber that gets at most [`PUSH_MAX_PAGES`] of them: pushes are for
-//!   the small exchanges of every step (boundary rows). A bulk transfer goes faster as a fetch,
+//!   the small exchanges of every step (boundary rows); the pages past
+//!   [`super::page::REPLY_BYTES`] of diffs are left out and fetched. A bulk transfer goes faster as a fetch,
 //!   whose ramped requests overlap the writer's diffing, the transfer and the reader's
 //!   applying; a push diffs every page before it goes out. (At 2 nodes the limit made fft 6%,
 //!   radix 8% and lu 3% faster; the iterative codes push 2-16 pages a step.)
@@ -85,7 +86,7 @@ use super::ids::{DiffSeq, IntervalIdx, NodeId, PageIdx};
 use super::memory::{Access, PageMemory};
 use super::msg::{DiffAsk, DiffList, DiffWire, Message, PageDiffs, UnaskedDiffs};
 use super::node::{Node, Pending};
-use super::page::{PageMeta, WriterState};
+use super::page::{PageMeta, WriterState, wire_bytes};
 use std::collections::BTreeMap;
 
 /// Most pages pushed to one subscriber at one barrier; a subscriber that would get more is
@@ -350,8 +351,19 @@ impl<M: PageMemory> Node<M> {
             self.pending
         );
         let (episode, closed) = self.push.planned_for;
-        for (to, asks) in std::mem::take(&mut self.push.planned) {
-            let served = self.serve_diff_request(&asks, true);
+        for (to, mut asks) in std::mem::take(&mut self.push.planned) {
+            let mut served = self.serve_diff_request(&asks, true);
+            // The pages past `limits.reply_bytes` are left out; the subscriber fetches them.
+            let mut bytes = 0;
+            let fit = served
+                .iter()
+                .take_while(|pd| {
+                    bytes += wire_bytes([&pd.diffs]);
+                    bytes <= self.cfg.limits.reply_bytes
+                })
+                .count();
+            served.truncate(fit);
+            asks.truncate(fit);
             self.note_subscribers(to, &asks, &served);
             // A page whose twin turned out unchanged goes too, with no diffs: its notice still
             // stands, and the push saves the subscriber asking for nothing.

@@ -2,6 +2,7 @@
 //! on exactly which messages flow. (The seeded simulation in `sim.rs` covers the random cases.)
 
 use super::lock_history::Wished;
+use super::msg::{DiffList, DiffWire};
 use super::*;
 
 const PAGE: usize = 64;
@@ -351,6 +352,47 @@ fn a_grant_carries_the_diffs_of_pages_the_acquirer_reads_whatever_lock_they_were
     assert_eq!(net.count(since, 0, 1, MsgKind::DiffRequest), 0, "{:?}", &net.log[since..]);
 }
 
+/// Node 0 rewrites page 1 under lock 1 five times, node 2 taking the lock (and the page's diff)
+/// after each; node 1, five hand-offs behind, reads the page: it lacks five diffs, which come in
+/// as many replies when a reply may carry one, the page complete only after the last.
+#[test]
+fn a_reply_larger_than_its_limit_comes_in_parts_and_completes_the_page_at_the_last() {
+    for (reply_bytes, replies) in [(1, 5), (Limits::default().reply_bytes, 1)] {
+        let mut net = Net::new(3);
+        net.nodes.iter_mut().for_each(|n| n.cfg.limits.reply_bytes = reply_bytes);
+        for k in 1..=5 {
+            write_under(&mut net, 0, 1, 1, k, k as u8);
+            net.nodes[2].request_acquire(LockId(1)).unwrap();
+            net.settle();
+            assert_eq!(net.done(2), Some(AppDone::Acquired(LockId(1))));
+            net.nodes[2].request_release(LockId(1)).unwrap();
+            net.settle();
+        }
+        net.nodes[1].request_acquire(LockId(1)).unwrap();
+        net.settle();
+        assert_eq!(net.done(1), Some(AppDone::Acquired(LockId(1))));
+        let since = net.log.len();
+        net.nodes[1].handle_fault(PageIdx(1), false).unwrap();
+        // Delivered one message at a time: the page stays invalid until the last part.
+        let mut parts = 0;
+        while let Some((to, msg)) = net.nodes[0].poll_transmit().or_else(|| net.nodes[1].poll_transmit()) {
+            let from = if to == NodeId(1) { 0 } else { 1 };
+            if let Message::DiffReply { continued, .. } = &msg {
+                parts += 1;
+                assert_eq!(*continued, parts < replies, "reply {parts} of {replies}");
+            }
+            net.log.push((from, to.0, msg.kind()));
+            net.nodes[to.idx()].handle_message(NodeId(from), msg).unwrap();
+            let resolved = net.nodes[1].poll_done();
+            assert_eq!(resolved.is_some(), parts == replies, "after reply {parts} of {replies}");
+        }
+        assert_eq!(net.count(since, 0, 1, MsgKind::DiffReply), replies);
+        for k in 1..=5 {
+            assert_eq!(net.read(1, 1, k), k as u8, "byte {k}, replies of {reply_bytes} bytes");
+        }
+    }
+}
+
 #[test]
 fn a_grant_cuts_the_twins_it_carries_together_and_renewed_ones_unfrozen() {
     let mut net = Net::with_pages(2, 8);
@@ -606,6 +648,17 @@ fn bad_input_from_a_peer_is_an_error_not_a_panic() {
     };
     let e = n.handle_message(NodeId(1), wish).unwrap_err();
     assert_eq!(e, ProtocolError::UnknownLock { lock: LockId(99), nlocks: 8 });
+    // Requests naming more pages than any node sends in one: serving them would cost a page of
+    // memory per entry, repeats included.
+    let most = Limits::default().pages_per_request;
+    let pages = Message::PageRequest { pages: vec![PageIdx(0); most + 1] };
+    let e = n.handle_message(NodeId(1), pages).unwrap_err().to_string();
+    assert!(e.contains(&format!("page request of {} pages (at most {most})", most + 1)), "{e}");
+    let ask = DiffAsk { page: PageIdx(0), want: 1, after_seq: 0 };
+    let e = n.handle_message(NodeId(1), Message::DiffRequest { asks: vec![ask; most + 1] }).unwrap_err();
+    assert!(e.to_string().contains("diff request of 257 pages"), "{e}");
+    let empty = Message::DiffReply { pages: vec![], continued: true };
+    assert!(matches!(n.handle_message(NodeId(1), empty), Err(ProtocolError::Unexpected { .. })));
     // A grant bundling a token we already have (node 0 manages lock 2 and holds its token).
     n.request_acquire(LockId(1)).unwrap();
     let grant =
@@ -654,7 +707,8 @@ fn a_diff_with_a_short_timestamp_is_an_error_on_every_path() {
     net.barrier();
     net.nodes[1].handle_fault(PageIdx(1), false).unwrap();
     assert!(matches!(net.nodes[1].poll_transmit(), Some((NodeId(0), Message::DiffRequest { .. }))));
-    let reply = Message::DiffReply { pages: vec![PageDiffs { page: PageIdx(1), diffs: short() }] };
+    let reply =
+        Message::DiffReply { pages: vec![PageDiffs { page: PageIdx(1), diffs: short() }], continued: false };
     named(net.nodes[1].handle_message(NodeId(0), reply).unwrap_err());
     // A grant node 1 waits for.
     let mut net = Net::new(2);
@@ -1023,6 +1077,23 @@ fn a_subscriber_that_would_get_more_than_the_push_limit_fetches_instead() {
     let t = net.log.len();
     assert_eq!(net.read(1, 1, 0), 3);
     assert_eq!(net.log.len(), t, "no message for a pushed page");
+    // Three change again, but the push may carry the diffs of one page only: the other two are
+    // left out, and fetched when read.
+    let last = net.nodes[0].page_meta(PageIdx(0)).diffs.last().unwrap();
+    let wire = DiffWire { seq: last.seq, first_vt: last.first_vt.clone(), diff: last.diff.clone() };
+    let one_page = super::page::wire_bytes([&DiffList::from_elem(wire, 1)]);
+    net.nodes[0].cfg.limits.reply_bytes = one_page;
+    net.nodes[0].cfg.push_skip = false; // written every epoch: a push would be skipped
+    for p in 0..3 {
+        net.write(0, p, 0, 4);
+    }
+    let (t, pushed) = (net.log.len(), net.nodes[0].stats().diffs_pushed);
+    net.barrier();
+    assert_eq!((net.count(t, 0, 1, DiffPush), net.nodes[0].stats().diffs_pushed - pushed), (1, 1));
+    for p in 0..3 {
+        assert_eq!(net.read(1, p, 0), 4);
+    }
+    assert_eq!(net.count(t, 1, 0, DiffRequest), 2, "pages 1 and 2, left out of the push");
 }
 
 #[test]
@@ -1478,6 +1549,8 @@ fn a_release_or_arrival_naming_a_bad_pusher_is_an_error() {
         let e = net.nodes[1].handle_message(NodeId(0), release(vec![bad])).unwrap_err().to_string();
         assert!(e.contains(&format!("push from {bad}")), "{e}");
     }
+    let e = net.nodes[1].handle_message(NodeId(0), release(vec![NodeId(0); 2])).unwrap_err().to_string();
+    assert!(e.contains("naming a pusher twice"), "{e}");
     let arrive = Message::BarrierArrive {
         barrier: BarrierId(0),
         vt: VectorTime::zero(2),
@@ -1494,13 +1567,17 @@ fn a_release_or_arrival_naming_a_bad_pusher_is_an_error() {
 /// episode's other arrivals were lost with it.
 #[test]
 fn an_arrival_with_a_bad_interval_record_is_its_senders_error() {
-    let record = |node: u16, index, entries, page| IntervalRecord {
-        node: NodeId(node),
-        index,
-        vt: VectorTime::zero(entries),
-        pages: vec![PageIdx(page)],
-        locks: vec![],
+    let record = |node: u16, index, entries, page| {
+        let mut vt = VectorTime::zero(entries);
+        if usize::from(node) < entries {
+            vt.set(NodeId(node), index);
+        }
+        IntervalRecord { node: NodeId(node), index, vt, pages: vec![PageIdx(page)], locks: vec![] }
     };
+    let mut own_entry = record(1, 1, 3, 0);
+    own_entry.vt.set(NodeId(1), 2);
+    let mut unsorted = record(1, 1, 3, 2);
+    unsorted.pages.push(PageIdx(1));
     let arrive = |rec| Message::BarrierArrive {
         barrier: BarrierId(0),
         vt: VectorTime::zero(3),
@@ -1513,6 +1590,8 @@ fn an_arrival_with_a_bad_interval_record_is_its_senders_error() {
         (record(1, 1, 3, 1_000_000), "node 1 named page 1000000, but the heap has 4 pages"),
         (record(1, 5, 3, 0), "node 1 sent interval 5 of node 1 while we know only up to 0"),
         (record(2, 1, 3, 0), "unexpected arrival carrying an interval of node 2 from node 1"),
+        (own_entry, "interval record node 1.1: its own vt entry is 2"),
+        (unsorted, "interval record node 1.1: pages not ascending (page 2 then page 1)"),
     ];
     for (rec, named) in cases {
         let mut net = Net::new(3);

@@ -978,7 +978,8 @@ impl Sim {
 
 /// The default limits in half the runs; in the others, limits so small that a few pages of
 /// 64 bytes reach them: pushes left out for too many pages, grants that carry only some of the
-/// diffs they could, deferred notices at most barriers, requests of a page or two.
+/// diffs they could, deferred notices at most barriers, requests of a page or two, replies cut
+/// between diffs and pushes that leave pages out.
 fn tiny_limits(pick: &mut Rng) -> Limits {
     if pick.chance(50) {
         return Limits::default();
@@ -989,6 +990,7 @@ fn tiny_limits(pick: &mut Rng) -> Limits {
         defer_notices_min: 1 + pick.below(3) as usize,
         first_request_pages: 1 + pick.below(2) as usize,
         pages_per_request: 1 + pick.below(3) as usize,
+        reply_bytes: [1, 100, 400][pick.below(3) as usize],
     }
 }
 
