@@ -136,6 +136,10 @@ unsafe extern "C" fn handle_signal(sig: libc::c_int, info: *mut libc::siginfo_t,
     }
 }
 
+/// `si_code` of a SIGSEGV for an access the mapping's protection forbids (Linux's
+/// `asm-generic/siginfo.h`; the `libc` crate does not export it).
+const SEGV_ACCERR: libc::c_int = 2;
+
 /// The heap logic of the handler: decide whether the fault is ours and resolve or hand it off.
 ///
 /// # Safety
@@ -182,6 +186,12 @@ unsafe fn handle_in_context(
             Hex::new(addr).as_bytes(),
             b": the memfd could not supply the page (out of memory or tmpfs limit?)\n",
         ]);
+    }
+    if code != SEGV_ACCERR {
+        // Every page of the view is mapped, so a protection fault of ours is an access error;
+        // another code is not ours (a hole the application cut in the heap: `SEGV_MAPERR`; a
+        // protection key: `SEGV_PKUERR`), and retrying would meet it again forever.
+        return Outcome::Chain(ctx.prev_segv);
     }
     // SAFETY: `uctx` is the kernel's ucontext for this fault.
     let kind = unsafe { fault_kind(uctx) };
@@ -257,6 +267,7 @@ fn fast_write(heap: &Heap, page: u32, addr: usize) {
 /// (page not mapped in the application view):
 /// - `INVALID`: a miss. Hand it to the service thread exactly as on the mprotect backend.
 /// - `FROZEN`: a write while the service thread cuts the page's twin: handed off the same way.
+///   A read (its entry dropped while valid, by reclaim say) maps it write-protected and retries.
 /// - `READ_ONLY`, page mapped: a write-protect fault, so a write. Fast path: twin, clear WP.
 /// - `READ_ONLY`, not mapped (a valid page whose memfd page the runtime view touched first, so
 ///   the kernel raised a minor fault): a write twins and maps it writable at once; a read maps
@@ -288,6 +299,36 @@ fn handle_uffd(
                 // SAFETY: no arguments; async-signal-safe.
                 unsafe { libc::sched_yield() };
                 return Outcome::Retry;
+            }
+            state::FROZEN if kind == FaultKind::Read => {
+                // A read of a frozen page (a read never write-protect-faults): its entry is gone
+                // (reclaimed, say). Map it write-protected, as a read-only page's; handed off, it
+                // would be taken for a write and twinned, and noticed though nobody wrote it.
+                if st.compare_exchange(s, state::BUSY, Ordering::Acquire, Ordering::Relaxed).is_err() {
+                    continue;
+                }
+                let start = heap.app_page(page) as usize;
+                let ps = heap.page_size();
+                match uffd.continue_range(start, ps, true, ps) {
+                    Ok(mapped) => {
+                        if mapped == Continued::All {
+                            AtomicCounters::bump(&counters.minor_maps);
+                            heap.note_mapped(page, 1, true);
+                        }
+                        st.store(state::FROZEN, Ordering::Release);
+                        return Outcome::Retry;
+                    }
+                    Err(e) => {
+                        st.store(state::FROZEN, Ordering::Release);
+                        sigsafe::abort_with(&[
+                            b"treadmarks: cannot map a frozen page of the shared heap at ",
+                            Hex::new(addr).as_bytes(),
+                            b" (UFFDIO_CONTINUE errno ",
+                            sigsafe::Dec::new(e as u64).as_bytes(),
+                            b")\n",
+                        ]);
+                    }
+                }
             }
             state::INVALID | state::FROZEN => {
                 // FROZEN: a write while the service thread cuts the twin; it waits like a miss.

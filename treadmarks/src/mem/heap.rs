@@ -407,7 +407,7 @@ impl Heap {
         }
         let page = self.page_size as u64;
         let start = offset / page * page;
-        let Some(end) = offset.checked_add(bytes).map(|e| e.div_ceil(page) * page) else {
+        let Some(end) = offset.checked_add(bytes).and_then(|e| e.checked_next_multiple_of(page)) else {
             return false;
         };
         if end > self.size as u64 {
@@ -645,8 +645,8 @@ impl Heap {
             return 0;
         }
         // SAFETY: the range lies inside the twin area; populating private anonymous memory
-        // maps zeroed pages and changes no byte anyone reads (a twin is written before it is
-        // read).
+        // maps zeroed pages and changes no byte: a slot not handed out yet stays zero, which
+        // `copy_to_twin` relies on for a never-written page's first twin.
         let rc = unsafe { libc::madvise(self.twins.as_ptr().cast(), len, libc::MADV_POPULATE_WRITE) };
         if rc != 0 {
             return 0; // Kernels before 5.14: slots are backed on first touch, as without this.

@@ -112,7 +112,9 @@ impl HeapPages {
         }
         AtomicCounters::bump(&heap.counters.protect_calls);
         if let Err((op, errno)) = heap.change_run(first, count, state::READ_WRITE, new) {
-            release();
+            // The span's protection is now unknown, part changed, part not: its pages stay BUSY
+            // (the handler waits, rather than act on a state that may be wrong) until the
+            // process ends on this panic (`runtime`).
             panic!(
                 "{op} of pages {first}..{} to {} failed: {} (errno {errno})",
                 last + 1,
@@ -123,6 +125,16 @@ impl HeapPages {
         for q in first..=last {
             let s = if listed(q) { new } else { old[(q - first) as usize] };
             heap.state(q).store(s, Ordering::Release);
+        }
+    }
+
+    /// Panics naming the first of `pages` that is invalid: freezing one would make its stale
+    /// bytes readable without a fault (`PageMemory::freeze` is for valid pages).
+    fn refuse_freezing_invalid(&self, mut pages: impl Iterator<Item = PageIdx>) {
+        if let Some(p) = pages.find(|&p| state::load_stable(self.0.state(self.check(p))) == state::INVALID) {
+            panic!(
+                "HeapPages::freeze({p}): the page is invalid; only valid pages are frozen (bug in the caller)"
+            );
         }
     }
 
@@ -165,9 +177,12 @@ impl HeapPages {
                 old[i]
             };
             if let Err((op, errno)) = heap.change_run(sub_first, (j - i) as u32, from, new) {
-                // Put the states back so the application thread does not spin on BUSY forever.
-                for (k, s) in old.iter().enumerate() {
-                    heap.state(first.0 + k as u32).store(*s, Ordering::Release);
+                // The sub-runs before this one changed, those after it did not; this one may have
+                // in part, so its pages stay BUSY (the handler waits, rather than act on a state
+                // that may be wrong: a page said invalid but readable, say) until the process
+                // ends on this panic (`runtime`).
+                for (k, &s) in old.iter().enumerate().filter(|&(k, _)| k < i || k >= j) {
+                    heap.state(first.0 + k as u32).store(if k < i { new } else { s }, Ordering::Release);
                 }
                 panic!(
                     "{op} of pages {}..{} ({} bytes at {:p}, {} backend) to {} failed: {} \
@@ -221,14 +236,18 @@ impl PageMemory for HeapPages {
     }
 
     fn freeze(&mut self, first: PageIdx, count: u32) {
+        self.refuse_freezing_invalid((first.0..first.0.saturating_add(count)).map(PageIdx));
         self.set_state(first, count, state::FROZEN);
     }
 
     fn write_protect_pages(&mut self, pages: &[PageIdx], freeze: bool) {
+        if freeze {
+            self.refuse_freezing_invalid(pages.iter().copied());
+        }
         let new = if freeze { state::FROZEN } else { state::READ_ONLY };
-        // Invalid pages are mapped, by runs; the others are write-protected in spans, which
-        // may take the invalid ones in as gaps (they are mapped after, with their own
-        // protection).
+        // Invalid pages (made read-only, never frozen) are mapped, by runs; the others are
+        // write-protected in spans, which may take the invalid ones in as gaps (they are mapped
+        // after, with their own protection).
         let (invalid, valid): (Vec<PageIdx>, Vec<PageIdx>) =
             pages.iter().partition(|&&p| state::load_stable(self.0.state(self.check(p))) == state::INVALID);
         let mut i = 0;

@@ -6,8 +6,11 @@ use crate::protocol::{Access, PageIdx};
 
 impl Heap {
     /// Pages overlapping bytes `offset .. offset + len` of the heap (those within it) that the
-    /// application cannot read now (invalid in its view). A snapshot: only the runtime changes states, and it makes
-    /// pages invalid only while the application is inside a synchronization call.
+    /// application may not be able to read now (invalid in its view). A snapshot: only the
+    /// runtime changes states, and it makes pages invalid for good only while the application
+    /// is inside a synchronization call; a page it serves meanwhile is invalid or frozen for a
+    /// moment (frozen pages are listed, though readable), and validating such a page is
+    /// harmless (nothing to fetch).
     pub fn invalid_pages(&self, offset: u64, len: u64) -> Vec<PageIdx> {
         self.pages_with(offset, len, |a| a == Access::None)
     }

@@ -361,7 +361,12 @@ impl PageMemory for VecMemory {
         // The simulated application runs in the middle of a protocol step only at a revocation
         // or a copy (`arm_store`), never reading a frozen page, so a frozen page may as well be
         // invalid to it; but the application may read a frozen page (the heap's stays
-        // readable), so the runtime must not write one: `page_mut` refuses it.
+        // readable), so the runtime must not write one: `page_mut` refuses it. Only a valid page
+        // is frozen (the heap's would let its stale bytes be read).
+        let run = first.idx()..first.idx() + count as usize;
+        if let Some(i) = run.clone().find(|&i| self.access[i] == Access::None && !self.frozen[i]) {
+            panic!("freeze of invalid page {i}");
+        }
         self.set_access(first, count, Access::None);
         self.frozen[first.idx()..first.idx() + count as usize].fill(true);
     }

@@ -314,6 +314,56 @@ fn fault_outside_the_heap_chains_to_the_default_action(backend: FaultBackend, te
     out.assert_killed_by(libc::SIGSEGV);
 }
 
+/// A fault on a hole the application cut in the heap (unmapped, so no protection fault: the
+/// kernel's code is `SEGV_MAPERR`) is not the runtime's: it goes to the previous action, and the
+/// process dies of it. On mprotect the handler had taken it for an invalid page and handed it to
+/// the service thread again and again, and the node hung.
+fn a_hole_cut_in_the_heap_chains_to_the_default_action(backend: FaultBackend, test: &str) {
+    let out = run_in_child(test, || {
+        no_core_dumps();
+        let heap = map(layout(25, 4), backend).unwrap();
+        let _handler = FaultHandler::install(heap.clone(), Doorbell::new().unwrap()).unwrap();
+        let hole = heap.app_base().wrapping_add(4096);
+        // SAFETY: unmaps page 1 of the application view, which nothing else uses in this child.
+        assert_eq!(unsafe { libc::munmap(hole.cast(), 4096) }, 0);
+        // SAFETY: deliberately faults; the handler chains and the process dies by SIGSEGV.
+        let b = unsafe { std::ptr::read_volatile(hole) };
+        eprintln!("unreachable: read {b}");
+    });
+    out.assert_killed_by(libc::SIGSEGV);
+}
+
+/// userfaultfd: a read of a frozen page whose entry the kernel dropped (reclaim; here
+/// `MADV_DONTNEED`) maps it write-protected and reads it, frozen still. Handed to the service
+/// thread, it had been taken for a write: twinned, made writable and noticed.
+#[test]
+fn a_read_of_a_frozen_page_not_mapped_maps_it_write_protected() {
+    if !uffd_or_skip() {
+        return;
+    }
+    run_in_child(test_name!(a_read_of_a_frozen_page_not_mapped_maps_it_write_protected), || {
+        let heap = map(layout(26, 4), FaultBackend::Uffd).unwrap();
+        let ps = heap.page_size();
+        let mut pages = HeapPages(heap.clone());
+        fill_read_only(&mut pages, 2, 0xcc);
+        pages.freeze(PageIdx(2), 1);
+        let at = heap.app_base().wrapping_add(2 * ps);
+        // SAFETY: drops page 2's entry in the application view, as reclaim would; the memfd
+        // keeps its contents.
+        assert_eq!(unsafe { libc::madvise(at.cast(), ps, libc::MADV_DONTNEED) }, 0);
+        assert!(!present(at as usize));
+        let _handler = FaultHandler::install(heap.clone(), Doorbell::new().unwrap()).unwrap();
+        assert_eq!(app_read(&heap, 2 * ps + 7), 0xcc);
+        assert!(present(at as usize), "mapped by the handler");
+        let c = heap.counters();
+        assert_eq!((c.handoffs, c.fast_write_faults, c.minor_maps), (0, 0, 1), "{c:?}");
+        assert_eq!(pages.access(PageIdx(2)), Access::None, "still frozen");
+        pages.set_access(PageIdx(2), 1, Access::Read);
+        assert_eq!(app_read(&heap, 2 * ps + 8), 0xcc);
+    })
+    .assert_success();
+}
+
 /// The handler installed for `sig` now.
 fn current_handler(sig: libc::c_int) -> libc::sighandler_t {
     // SAFETY: a zeroed sigaction is a valid out-parameter; a null new action only queries.
@@ -515,6 +565,7 @@ on_both_backends!(
     slow_path_hands_the_fault_to_the_service_thread,
     fault_from_another_thread_aborts_with_a_message,
     fault_outside_the_heap_chains_to_the_default_action,
+    a_hole_cut_in_the_heap_chains_to_the_default_action,
     a_sent_signal_the_program_ignored_stays_ignored,
     a_memory_error_on_the_heap_goes_to_the_previous_action,
     revoke_while_the_application_writes_loses_nothing,

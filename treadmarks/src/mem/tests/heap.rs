@@ -303,8 +303,17 @@ fn page_sharing_rule_on(backend: FaultBackend, slot: usize) {
     pages.set_access(PageIdx(2), 1, Access::Read);
     assert_eq!(pages.access(PageIdx(2)), Access::Read);
 
-    // Allowed uses: write an invalid page, twin it, read it back.
     pages.set_access(PageIdx(3), 1, Access::None);
+    // Freezing an invalid page would let its stale bytes be read: refused, naming it.
+    for freeze in [
+        |p: &mut HeapPages| p.freeze(PageIdx(2), 2),
+        |p: &mut HeapPages| p.write_protect_pages(&[PageIdx(3)], true),
+    ] {
+        let msg = panic_message(catch_unwind(AssertUnwindSafe(|| freeze(&mut pages))));
+        assert!(msg.contains("freeze(page 3)") && msg.contains("invalid"), "{msg}");
+        assert_eq!((pages.access(PageIdx(2)), pages.access(PageIdx(3))), (Access::Read, Access::None));
+    }
+    // Allowed uses: write an invalid page, twin it, read it back.
     pages.page_mut(PageIdx(3)).fill(0x5a);
     pages.make_twin(PageIdx(3));
     assert_eq!(pages.access(PageIdx(3)), Access::None, "make_twin keeps the state");
@@ -399,6 +408,7 @@ fn commit_backs_the_pages_of_a_range_without_changing_them() {
     assert_eq!(unsafe { heap.app_base().add(4 * page).read_volatile() }, 0);
     assert!(!heap.commit(7 * page as u64, 2 * page as u64), "beyond the heap");
     assert!(!heap.commit(u64::MAX - 10, 20), "overflowing range");
+    assert!(!heap.commit(u64::MAX - 10, 5), "a range whose end rounds past u64::MAX");
     assert!(!heap.commit(0, 0), "empty range");
     assert_eq!(heap.backed_bytes(), 4 * page as u64);
 }
