@@ -249,7 +249,9 @@ fn nodes_with_different_configurations_refuse_to_meet() {
 }
 
 /// A launcher started with an explicit configuration (`Tmk::startup_with`) runs its nodes with
-/// it: they met it with their environment's 1,024 locks, a fingerprint mismatch, before.
+/// it: they met it with their environment's 1,024 locks, a fingerprint mismatch, before. Every
+/// node's code passes a launcher's configuration, as a program that builds its own does: the
+/// nodes spawned took that role from it, and each spawned nodes of its own.
 #[test]
 fn a_launchers_explicit_configuration_holds_for_every_node() {
     run("explicit-config", 3, 30).assert_pass("explicit-config");

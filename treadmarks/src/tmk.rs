@@ -93,8 +93,14 @@ impl Tmk {
     }
 
     /// Starts this node with an explicit configuration. A launcher passes it, every setting
-    /// but each node's place in the job, to the nodes it spawns ([`Config::to_vars`]).
+    /// but each node's place in the job, to the nodes it spawns ([`Config::to_vars`]), and a
+    /// node it spawned runs with what the launcher passed, whatever configuration its own code
+    /// gives here: the same `main` runs in every node, so code that builds a launcher's
+    /// configuration (`Config { nprocs: 4, ..Config::default() }`) would otherwise make every
+    /// spawned node a launcher too, each spawning nodes of its own.
     pub fn startup_with(config: Config, args: Vec<String>) -> Result<Tmk> {
+        let config =
+            if launch::spawned_by_launcher() { Config::from_env_and_args(Vec::new())?.0 } else { config };
         config.validate()?;
         let n = config.nprocs;
         match config.role {

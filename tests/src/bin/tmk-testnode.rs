@@ -786,15 +786,17 @@ fn explicit_config(tmk: &mut Tmk) -> R {
     counter_under(tmk, 15)
 }
 
-/// Starts this node: by the environment and arguments, as `Tmk::startup` does; a launcher of
-/// `explicit-config` by `Tmk::startup_with` with 16 locks (its nodes hear of them from it).
+/// Starts this node: by the environment and arguments, as `Tmk::startup` does; in
+/// `explicit-config`, every node by `Tmk::startup_with` with a configuration made in code, a
+/// launcher's with 16 locks, as a program that builds its own would (the nodes the launcher
+/// spawns must run with the launcher's, not become launchers themselves).
 fn start() -> treadmarks::Result<Tmk> {
-    let explicit = std::env::args().nth(1).is_some_and(|s| s == "explicit-config");
-    if !explicit || std::env::var_os("TMK_RANK").is_some() {
+    if std::env::args().nth(1).is_none_or(|s| s != "explicit-config") {
         return Tmk::startup();
     }
     let (config, rest) = treadmarks::Config::from_env_and_args(std::env::args().skip(1).collect())?;
-    Tmk::startup_with(treadmarks::Config { nlocks: 16, ..config }, rest)
+    let role = treadmarks::config::Role::Launcher;
+    Tmk::startup_with(treadmarks::Config { nlocks: 16, role, ..config }, rest)
 }
 
 fn main() -> ExitCode {
