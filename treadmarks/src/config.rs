@@ -151,6 +151,9 @@ pub const DEFAULT_STREAM_MIN_PAGES: usize = 64;
 /// Largest heap a job may have (`TMK_HEAP_SIZE`).
 pub const MAX_HEAP_SIZE: usize = 64 << 30;
 
+/// Longest a thread may poll before it sleeps (`TMK_SPIN_US`, `TMK_SERVICE_SPIN_US`), in µs.
+pub const MAX_SPIN_US: u64 = 1_000_000;
+
 /// Most locks a job may have (`TMK_LOCKS`).
 pub const MAX_LOCKS: u32 = 1 << 20;
 
@@ -500,11 +503,12 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let n = self.nprocs.to_string();
         if self.nprocs == 0 {
-            return Err(invalid("nprocs", &n, "a job needs at least one node"));
+            return Err(invalid("TMK_NPROCS / -n", &n, "a job needs at least one node"));
         }
         if let Role::Member { rank } = self.role {
             if rank >= self.nprocs {
-                return Err(invalid("rank", &rank.to_string(), format!("the job has {} nodes", self.nprocs)));
+                let why = format!("the job has {} nodes", self.nprocs);
+                return Err(invalid("TMK_RANK / --rank", &rank.to_string(), why));
             }
             if self.root.is_none() && self.nprocs > 1 {
                 return Err(invalid("TMK_ROOT", "", "a node joining a job must know where node 0 listens"));
@@ -520,12 +524,15 @@ impl Config {
         if !self.heap_base.is_multiple_of(4096) {
             return Err(invalid("TMK_HEAP_BASE", &format!("{:#x}", self.heap_base), "must be page aligned"));
         }
-        if self.nlocks == 0 || self.nbarriers == 0 {
-            return Err(invalid("TMK_LOCKS/TMK_BARRIERS", "0", "need at least one"));
+        if self.nlocks == 0 {
+            return Err(invalid("TMK_LOCKS", "0", "a job needs at least one lock"));
+        }
+        if self.nbarriers == 0 {
+            return Err(invalid("TMK_BARRIERS", "0", "a job needs at least one barrier"));
         }
         // Bounds on what every node allocates up front, so that an excessive value is an error
         // naming it rather than an allocation failure that aborts the process.
-        let bounds: [(&'static str, u64, u64, &str); 6] = [
+        let bounds: [(&'static str, u64, u64, &str); 8] = [
             (
                 "TMK_HEAP_SIZE",
                 self.heap_size as u64,
@@ -552,6 +559,18 @@ impl Config {
                 "bytes (1 GiB), backed at startup",
             ),
             ("TMK_CONNECT_TIMEOUT", self.connect_timeout.as_secs(), MAX_CONNECT_TIMEOUT_S, "s (a day)"),
+            (
+                "TMK_SPIN_US",
+                self.app_spin.as_micros().try_into().unwrap_or(u64::MAX),
+                MAX_SPIN_US,
+                "µs (a second): the application polls this long in every wait before it sleeps",
+            ),
+            (
+                "TMK_SERVICE_SPIN_US",
+                self.service_spin.map_or(0, |d| d.as_micros().try_into().unwrap_or(u64::MAX)),
+                MAX_SPIN_US,
+                "µs (a second): a service thread polls this long after every message before it sleeps",
+            ),
         ];
         if let Some(&(name, value, max, what)) = bounds.iter().find(|b| b.1 > b.2) {
             return Err(invalid(name, &value.to_string(), format!("at most {max} {what}")));
@@ -559,17 +578,27 @@ impl Config {
         if self.connect_timeout.is_zero() {
             return Err(invalid("TMK_CONNECT_TIMEOUT", "0", "at least 1 s: the nodes need time to meet"));
         }
+        if let Some(limit) = self.consistency_limit.filter(|&l| l != 0 && l <= self.gc_threshold) {
+            let why = format!(
+                "must be above the collection threshold (TMK_GC_THRESHOLD, {} bytes): no barrier \
+                 collects below it, so lock acquires would fail in programs that call barriers",
+                self.gc_threshold
+            );
+            return Err(invalid("TMK_CONSISTENCY_LIMIT", &limit.to_string(), why));
+        }
         Ok(())
     }
 
     /// The consistency data past which a lock acquire fails, for a node sharing this machine
     /// with `local_nodes` of the job: as set (0: none), else half the machine's memory
-    /// (`/proc/meminfo`) over them; no limit where the memory is unknown.
+    /// (`/proc/meminfo`) over them, but at least twice the collection threshold (a barrier
+    /// collects only past it); no limit where the memory is unknown.
     pub fn consistency_limit_bytes(&self, local_nodes: u64) -> u64 {
         match self.consistency_limit {
             Some(0) => u64::MAX,
             Some(limit) => limit,
-            None => physical_memory().map_or(u64::MAX, |m| m / 2 / local_nodes.max(1)),
+            None => physical_memory()
+                .map_or(u64::MAX, |m| (m / 2 / local_nodes.max(1)).max(self.gc_threshold.saturating_mul(2))),
         }
     }
 
@@ -617,9 +646,14 @@ impl Config {
             gib(total),
             gib(available)
         );
-        // A node joining by hand has no node count of its own to lower: name its reserves.
+        // A node joining by hand has no node count of its own to lower: name its largest reserve.
         Err(if nodes == 1 {
-            invalid("TMK_TWIN_RESERVE", &twins.to_string(), why.replacen("run fewer, or lower", "lower", 1))
+            let (name, value) =
+                [("TMK_DIFF_RESERVE", diffs), ("TMK_TWIN_RESERVE", twins), ("TMK_MALLOC_RESERVE", alloc)]
+                    .into_iter()
+                    .max_by_key(|&(_, v)| v)
+                    .expect("three reserves");
+            invalid(name, &value.to_string(), why.replacen("run fewer, or lower", "lower", 1))
         } else {
             invalid("TMK_NPROCS", &nodes.to_string(), why)
         })
@@ -705,6 +739,38 @@ mod tests {
         let c = Config { connect_timeout: Duration::ZERO, ..Config::default() };
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("TMK_CONNECT_TIMEOUT") && e.contains("at least 1 s"), "{e}");
+    }
+
+    /// Settings that contradict each other, or would have a thread poll for ever, are refused,
+    /// each naming the setting to change.
+    #[test]
+    fn settings_that_contradict_each_other_are_refused_by_name() {
+        let d = Config::default;
+        let root = Some(SocketAddr::from(([127, 0, 0, 1], 7000)));
+        let cases = [
+            (Config { nprocs: 0, ..d() }, "TMK_NPROCS / -n"),
+            (Config { nprocs: 4, role: Role::Member { rank: 4 }, root, ..d() }, "TMK_RANK / --rank"),
+            (Config { nlocks: 0, ..d() }, "TMK_LOCKS"),
+            (Config { nbarriers: 0, ..d() }, "TMK_BARRIERS"),
+            (
+                Config { consistency_limit: Some(32 << 20), gc_threshold: 32 << 20, ..d() },
+                "TMK_CONSISTENCY_LIMIT",
+            ),
+            (Config { app_spin: Duration::MAX, ..d() }, "TMK_SPIN_US"),
+            (Config { service_spin: Some(Duration::from_secs(2)), ..d() }, "TMK_SERVICE_SPIN_US"),
+        ];
+        for (c, name) in cases {
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains(&format!("for {name}")), "{name}: {e}");
+        }
+        for limit in [Some(0), Some((32 << 20) + 1), None] {
+            assert!(Config { consistency_limit: limit, gc_threshold: 32 << 20, ..d() }.validate().is_ok());
+        }
+        // The default limit leaves a barrier room to collect, however many nodes share the memory.
+        let c = Config { gc_threshold: 1 << 50, ..d() };
+        if physical_memory().is_some() {
+            assert_eq!(c.consistency_limit_bytes(1 << 20), 1 << 51);
+        }
     }
 
     #[test]

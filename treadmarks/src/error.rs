@@ -22,6 +22,10 @@ pub enum Error {
     /// A node process of this job exited badly.
     #[error("{node} exited with {status}")]
     NodeExited { node: NodeId, status: String },
+    /// A node process of this job was still running this long after the job's exit, and was
+    /// killed ([`crate::Tmk::EXIT_REAP_WAIT`]).
+    #[error("{node} was still running {waited:?} after the job's exit, and was killed")]
+    NodeLingered { node: NodeId, waited: std::time::Duration },
     /// Starting a node process failed.
     #[error("cannot start {node}: {source}")]
     Spawn { node: NodeId, source: std::io::Error },
@@ -55,6 +59,9 @@ impl std::fmt::Debug for Error {
             Error::Protocol(e) => f.debug_tuple("Protocol").field(e).finish(),
             Error::NodeExited { node, status } => {
                 f.debug_struct("NodeExited").field("node", node).field("status", status).finish()
+            }
+            Error::NodeLingered { node, waited } => {
+                f.debug_struct("NodeLingered").field("node", node).field("waited", waited).finish()
             }
             Error::Spawn { node, source } => {
                 f.debug_struct("Spawn").field("node", node).field("source", source).finish()

@@ -1,5 +1,6 @@
 //! How much memory a job may still take here: the machine's `MemAvailable`, or less where the
-//! memory cgroup this process runs in (or one above it) sets a lower limit, as a container does.
+//! memory cgroup this process runs in (or one above it) sets a lower limit, as a container does
+//! (its limit less its usage, not counting the inactive page cache the kernel would drop).
 //!
 //! Invariants: a figure that cannot be read (no `/proc`, no cgroup file, a limit of "max" or
 //! the kernel's "no limit" value) limits nothing, so a check built on these never refuses a job
@@ -35,11 +36,11 @@ pub(crate) fn meminfo(field: &str) -> Option<u64> {
     Some(kib << 10)
 }
 
-/// The least headroom (limit less usage, in bytes) of the memory cgroups on the path of this
-/// process's cgroup, given `/proc/self/cgroup` (`proc_cgroup`) and the mount point `root`, and the
-/// cgroup whose limit it is. Cgroup v1's memory hierarchy is used where the process has one (it
-/// holds the memory controller then), else the unified (v2) one. `None` where no level has a
-/// limit.
+/// The least headroom (limit less usage, the page cache the kernel could drop not counted, in
+/// bytes) of the memory cgroups on the path of this process's cgroup, given `/proc/self/cgroup`
+/// (`proc_cgroup`) and the mount point `root`, and the cgroup whose limit it is. Cgroup v1's
+/// memory hierarchy is used where the process has one (it holds the memory controller then),
+/// else the unified (v2) one. `None` where no level has a limit.
 fn cgroup_headroom(proc_cgroup: &str, root: &Path) -> Option<(u64, String)> {
     let lines: Vec<(&str, &str)> = proc_cgroup
         .lines()
@@ -50,11 +51,18 @@ fn cgroup_headroom(proc_cgroup: &str, root: &Path) -> Option<(u64, String)> {
         })
         .collect();
     let v1 = lines.iter().find(|(c, _)| c.split(',').any(|c| c == "memory"));
-    let (base, path, files) = match v1 {
-        Some(&(_, path)) => (root.join("memory"), path, ["memory.limit_in_bytes", "memory.usage_in_bytes"]),
+    // The limit, the usage, and in `memory.stat` the page cache the kernel would drop rather
+    // than refuse memory (counted in the usage: a container that built or read a lot sits near
+    // its limit, though a job there would fit).
+    let (base, path, [limit_file, usage_file, cache_field]) = match v1 {
+        Some(&(_, path)) => (
+            root.join("memory"),
+            path,
+            ["memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"],
+        ),
         None => {
             let &(_, path) = lines.iter().find(|(c, _)| c.is_empty())?;
-            (root.to_path_buf(), path, ["memory.max", "memory.current"])
+            (root.to_path_buf(), path, ["memory.max", "memory.current", "inactive_file"])
         }
     };
     let read = |dir: &Path, file: &str| std::fs::read_to_string(dir.join(file)).ok();
@@ -63,11 +71,15 @@ fn cgroup_headroom(proc_cgroup: &str, root: &Path) -> Option<(u64, String)> {
     loop {
         let dir = base.join(level.trim_start_matches('/'));
         let limit =
-            read(&dir, files[0]).and_then(|l| l.trim().parse::<u64>().ok()).filter(|&l| l < V1_UNLIMITED);
+            read(&dir, limit_file).and_then(|l| l.trim().parse::<u64>().ok()).filter(|&l| l < V1_UNLIMITED);
         if let (Some(limit), Some(usage)) =
-            (limit, read(&dir, files[1]).and_then(|u| u.trim().parse::<u64>().ok()))
+            (limit, read(&dir, usage_file).and_then(|u| u.trim().parse::<u64>().ok()))
         {
-            let room = limit.saturating_sub(usage);
+            let cache = read(&dir, "memory.stat").and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix(cache_field)?.strip_prefix(' ')?.trim().parse::<u64>().ok())
+            });
+            let room = limit.saturating_sub(usage.saturating_sub(cache.unwrap_or(0)));
             if tightest.as_ref().is_none_or(|t| room < t.0) {
                 tightest = Some((room, if level.is_empty() { "/".to_string() } else { level.to_string() }));
             }
@@ -115,6 +127,10 @@ mod tests {
         // Over its limit (usage can pass it briefly): no room, not an underflow.
         std::fs::write(root.join("jobs/one/memory.current"), "20000\n").expect("write");
         assert_eq!(cgroup_headroom("0::/jobs/one\n", &root), Some((0, "/jobs/one".to_string())));
+        // Page cache it could drop is room: 20000 used, 8000 of it inactive file pages.
+        std::fs::write(root.join("jobs/one/memory.stat"), "anon 12000\nfile 8000\ninactive_file 8000\n")
+            .expect("write");
+        assert_eq!(cgroup_headroom("0::/jobs/one\n", &root), Some((3_000, "/jobs/one".to_string())));
         std::fs::remove_dir_all(root).expect("clean up");
     }
 
@@ -124,7 +140,11 @@ mod tests {
             "v1",
             &[
                 ("memory/box/memory.limit_in_bytes", "2147483648\n"),
-                ("memory/box/memory.usage_in_bytes", "147483648\n"),
+                ("memory/box/memory.usage_in_bytes", "247483648\n"),
+                (
+                    "memory/box/memory.stat",
+                    "cache 100000000\ninactive_file 1\ntotal_inactive_file 100000000\n",
+                ),
                 ("memory/memory.limit_in_bytes", "9223372036854771712\n"),
                 ("memory/memory.usage_in_bytes", "960503808\n"),
                 // The unified hierarchy says otherwise, but does not hold the controller.

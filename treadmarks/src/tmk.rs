@@ -84,6 +84,10 @@ pub struct Tmk {
 }
 
 impl Tmk {
+    /// How long node 0 of a local job waits, after the job's exit, for the processes it
+    /// started to end before it kills them ([`Tmk::exit`]).
+    pub const EXIT_REAP_WAIT: Duration = Duration::from_secs(30);
+
     /// Starts this node: reads the configuration from `TMK_*` variables and `-n`/`--rank`/
     /// `--root` flags (see [`crate::config`]), spawns the other nodes if this process starts the
     /// job, maps the heap and meets the other nodes. Other arguments are in [`Tmk::args`].
@@ -175,8 +179,15 @@ impl Tmk {
             let (listener, root, pin, claimed) = match config.role {
                 Role::Launcher => {
                     let want = config.root.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)));
-                    let l = TcpListener::bind(want)
-                        .map_err(|e| Error::Failed(format!("cannot listen on {want}: {e}")))?;
+                    let l = TcpListener::bind(want).map_err(|e| match config.root {
+                        // Most likely a root left set from a job across hosts: name the setting.
+                        Some(_) => Error::Config(crate::config::ConfigError::Invalid {
+                            name: "TMK_ROOT / --root",
+                            value: want.to_string(),
+                            why: format!("node 0 cannot listen there: {e}"),
+                        }),
+                        None => Error::Failed(format!("cannot listen on {want}: {e}")),
+                    })?;
                     let addr = l.local_addr().map_err(|e| Error::Failed(e.to_string()))?;
                     // Pinned only to CPUs no other job here is pinned to (`CpuClaims`), unless
                     // the user says; the nodes hear the decision, and the CPUs, from the launcher.
@@ -201,7 +212,8 @@ impl Tmk {
             // TLB shootdown on another CPU and its threads hand work to each other on one run
             // queue; a real-time service thread then preempts its own application at once.
             let cpus = crate::mem::sched::allowed_cpus();
-            unpinned = crate::mem::sched::Affinity::current();
+            // Put back if the startup fails from here on (kept by the node otherwise).
+            unpinned = Some(crate::mem::sched::AffinityGuard::take());
             // To the launcher's claimed CPUs in turn, or to the `me`-th allowed one.
             let pinned = pin
                 && match claimed.filter(|c| !c.is_empty()) {
@@ -273,7 +285,7 @@ impl Tmk {
             last_error: std::cell::RefCell::new(None),
             exit_failed: false,
             pinned: node_pinned,
-            unpinned: unpinned.filter(|_| node_pinned),
+            unpinned: unpinned.and_then(crate::mem::sched::AffinityGuard::disarm).filter(|_| node_pinned),
             held: Vec::new(),
             nlocks: config.nlocks,
             _faults: faults,
@@ -678,7 +690,9 @@ impl Tmk {
     /// its application left without calling exit, and why its last call into treadmarks failed,
     /// if it did). Exiting while holding a lock is an error ([`ProtocolError::ExitHolding`]), and so is
     /// exiting while another node waits at a barrier ([`ProtocolError::ExitAtBarrier`]); the
-    /// peers are told.
+    /// peers are told. Node 0 of a local job waits at most [`Tmk::EXIT_REAP_WAIT`] (30 s) after the
+    /// job's exit for the processes it started to end (a node's `main` may go on after its
+    /// exit), then kills those still running and returns an error naming the first.
     pub fn exit(mut self) -> Result<()> {
         self.exit_inner().map(drop)
     }
@@ -717,7 +731,7 @@ impl Tmk {
             crate::report(&stats.to_string());
         }
         if let Some(children) = self.children.take() {
-            children.wait(Duration::from_secs(30))?;
+            children.wait(Self::EXIT_REAP_WAIT)?;
         }
         Ok(stats)
     }

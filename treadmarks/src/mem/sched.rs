@@ -148,6 +148,32 @@ impl Affinity {
     }
 }
 
+/// The calling thread's affinity, put back when this is dropped unless it was
+/// [`AffinityGuard::disarm`]ed: a startup that pins its thread and then fails leaves it as it
+/// found it.
+#[derive(Debug)]
+pub struct AffinityGuard(Option<Affinity>);
+
+impl AffinityGuard {
+    /// Takes the calling thread's affinity now.
+    pub fn take() -> AffinityGuard {
+        AffinityGuard(Affinity::current())
+    }
+
+    /// Hands the affinity over (to be put back later by its new holder) instead of on drop.
+    pub fn disarm(mut self) -> Option<Affinity> {
+        self.0.take()
+    }
+}
+
+impl Drop for AffinityGuard {
+    fn drop(&mut self) {
+        if let Some(a) = self.0.take() {
+            a.restore();
+        }
+    }
+}
+
 /// Pins the calling thread, and the threads it starts afterwards, to CPU `cpu`. Returns it, or
 /// `None` if the kernel refused.
 pub fn pin_to(cpu: usize) -> Option<usize> {
@@ -180,5 +206,34 @@ mod tests {
         .unwrap();
         assert_eq!(again, first, "index {ncpus} wraps around to the first CPU");
         assert_eq!(now, vec![first]);
+    }
+
+    /// A guard puts the affinity it took back when dropped (a startup that fails after
+    /// pinning), and leaves it to its new holder once disarmed.
+    #[test]
+    fn an_affinity_guard_restores_unless_disarmed() {
+        use nix::sched::{CpuSet, sched_getaffinity};
+        use nix::unistd::Pid;
+        let cpus = || {
+            let set = sched_getaffinity(Pid::from_raw(0)).unwrap();
+            (0..CpuSet::count()).filter(|&c| set.is_set(c).unwrap()).collect::<Vec<_>>()
+        };
+        let (before, dropped, disarmed, restored) = std::thread::spawn(move || {
+            let before = cpus();
+            let guard = AffinityGuard::take();
+            pin_to_cpu(0).expect("pinned");
+            drop(guard);
+            let dropped = cpus();
+            let guard = AffinityGuard::take();
+            pin_to_cpu(0).expect("pinned");
+            let kept = guard.disarm().expect("the kernel said");
+            let disarmed = cpus();
+            kept.restore();
+            (before, dropped, disarmed, cpus())
+        })
+        .join()
+        .unwrap();
+        assert_eq!((&dropped, &restored), (&before, &before));
+        assert_eq!(disarmed.len(), 1, "{disarmed:?}");
     }
 }

@@ -40,9 +40,7 @@ impl StartupWatch {
             .name("tmk-startup-watch".into())
             .spawn(move || {
                 while !s.load(Ordering::Acquire) {
-                    let exited = c.lock().expect("children").procs.iter_mut().find_map(|(node, child)| {
-                        child.try_wait().ok().flatten().map(|status| (*node, status))
-                    });
+                    let exited = c.lock().expect("children").first_exited();
                     if let Some((node, status)) = exited {
                         crate::report(&format!(
                             "treadmarks: {node} exited while the job was starting ({status}); stopping"
@@ -80,6 +78,19 @@ impl Drop for StartupWatch {
 }
 
 impl Children {
+    /// The first node found to have exited, and how: its status, or that it was reaped behind
+    /// our back (an application that ignores `SIGCHLD` has its children reaped by the kernel,
+    /// and their deaths had gone unseen).
+    fn first_exited(&mut self) -> Option<(NodeId, String)> {
+        self.procs.iter_mut().find_map(|(node, child)| match child.try_wait() {
+            Ok(Some(status)) => Some((*node, status.to_string())),
+            Err(e) if e.raw_os_error() == Some(libc::ECHILD) => {
+                Some((*node, "reaped elsewhere, its status unknown: is SIGCHLD ignored?".into()))
+            }
+            _ => None,
+        })
+    }
+
     /// Spawns nodes `1..config.nprocs`, meeting at `root`, with the launcher's settings
     /// ([`Config::to_vars`]: a configuration given to [`Tmk::startup_with`](crate::Tmk::startup_with)
     /// holds for every node, not only the launcher).
@@ -147,8 +158,7 @@ impl Children {
                 }
             }
             if let Some(&(node, _)) = self.procs.first().filter(|_| Instant::now() > deadline) {
-                first_error
-                    .get_or_insert(Error::NodeExited { node, status: "no exit in time (killed)".into() });
+                first_error.get_or_insert(Error::NodeLingered { node, waited: timeout });
                 break;
             }
             std::thread::sleep(Duration::from_millis(5));
@@ -161,6 +171,10 @@ impl Children {
 impl Drop for Children {
     fn drop(&mut self) {
         for (_, child) in &mut self.procs {
+            // One reaped elsewhere is gone, and its pid may be another process's by now.
+            if child.try_wait().is_err_and(|e| e.raw_os_error() == Some(libc::ECHILD)) {
+                continue;
+            }
             let _ = child.kill();
             let _ = child.wait();
         }
@@ -219,6 +233,18 @@ mod tests {
         assert!(!exists(pid), "node {pid} outlived the watch");
     }
 
+    /// A node still running at the bound (its `main` went on after the job's exit) is killed,
+    /// reaped and named as such, not as one that exited badly.
+    #[test]
+    fn a_node_still_running_at_the_bound_is_killed_and_named() {
+        let children = child("sleep", "30");
+        let pid = children.procs[0].1.id();
+        let e = children.wait(Duration::from_millis(50)).unwrap_err();
+        assert!(matches!(e, Error::NodeLingered { node: NodeId(1), .. }), "{e:#?}");
+        assert!(e.to_string().contains("still running 50ms after the job's exit"), "{e}");
+        assert!(!exists(pid), "node {pid} not reaped");
+    }
+
     /// The last node exiting just as the bound passes: no node is left to name as late, and
     /// none is (this indexed an empty list and panicked).
     #[test]
@@ -246,5 +272,19 @@ mod tests {
         let pid = nix::unistd::Pid::from_raw(children.procs[0].1.id() as i32);
         nix::sys::wait::waitpid(pid, None).expect("reap it");
         assert!(children.wait(Duration::from_secs(10)).is_ok());
+    }
+
+    /// While the job starts, a node reaped behind the launcher's back has died: the startup
+    /// watch names it (it had taken it for alive, and the launcher waited out the meeting).
+    #[test]
+    fn a_node_reaped_elsewhere_during_startup_is_seen_to_have_exited() {
+        let mut children = child("sleep", "30");
+        assert_eq!(children.first_exited(), None, "alive");
+        let pid = nix::unistd::Pid::from_raw(children.procs[0].1.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).expect("kill it");
+        nix::sys::wait::waitpid(pid, None).expect("reap it");
+        let (node, how) = children.first_exited().expect("seen to have exited");
+        assert_eq!(node, NodeId(1));
+        assert!(how.contains("reaped elsewhere"), "{how}");
     }
 }
