@@ -15,9 +15,10 @@
 //! `TMK_TIMED_STATS`, are added up for the table, and those it prints at exit, of the whole job,
 //! are kept in `bench.json` beside them), and for radix its
 //! hand-written message-passing version (`--mode mp`) too. The median of the repetitions is
-//! reported, and beside DSM over threads the lowest and highest of that ratio repetition by
-//! repetition (`each rep`): the summary names a target whose repetitions fall on both sides of
-//! its limit. Output: a table on the terminal, with the targets checked
+//! reported, and the lowest and highest repetition by repetition of the ratio the target is about
+//! (`each rep`: DSM over seq at 1 node, DSM over threads at more): the summary names a target
+//! whose repetitions fall on both sides of its limit, and the apps that got no verdict because
+//! a run failed. Output: a table on the terminal, with the targets checked
 //! at the default sizes (DSM within 5% of sequential at 1 node; DSM over threads at 2 nodes at
 //! most 1.3 or 2.0, per app) and summed up below it, `bench.json`, and two charts as SVG
 //! (`speedup.svg`: speedup over seq against nodes; `efficiency.svg`: DSM time / threads time per
@@ -145,7 +146,8 @@ fn main() -> ExitCode {
     let plan = parse();
     // Where the results go is checked before anything runs, not after.
     if let Err(e) = std::fs::create_dir_all(&plan.out).and_then(|()| {
-        let probe = plan.out.join(".tmk-bench-probe");
+        // Named for this process: runs sharing `--out` must not remove each other's.
+        let probe = plan.out.join(format!(".tmk-bench-probe-{}", std::process::id()));
         std::fs::write(&probe, b"")?;
         std::fs::remove_file(probe)
     }) {

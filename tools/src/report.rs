@@ -77,6 +77,12 @@ impl Target {
     }
 }
 
+/// What the DSM time at `n` nodes is set against, and its name: the sequential time at one node
+/// (nobody to share with should cost nothing), the threads time at the same N otherwise.
+fn base(r: &AppResult, n: usize) -> Option<(&'static str, &Cell)> {
+    if n == 1 { Some(("seq", &r.seq)) } else { Some(("threads", r.threads.get(&n)?)) }
+}
+
 /// The issue's target for `r` at `n` nodes and how it fared: DSM time over sequential time at one
 /// node, over threads time at two. None at other node counts, for runs at other sizes than the
 /// default (small or the user's: the targets are for the default sizes), or without both times
@@ -86,11 +92,12 @@ pub fn target(r: &AppResult, n: usize) -> Option<Target> {
         return None;
     }
     let dsm = r.dsm.get(&n)?;
-    let (over, limit, base) = match n {
-        1 => ("seq", ONE_NODE_LIMIT, &r.seq),
-        2 => ("threads", r.app.target, r.threads.get(&n)?),
+    let limit = match n {
+        1 => ONE_NODE_LIMIT,
+        2 => r.app.target,
         _ => return None,
     };
+    let (over, base) = base(r, n)?;
     // A cell with failed runs has a median of the others only: no verdict on it.
     if !dsm.errors.is_empty() || !base.errors.is_empty() {
         return None;
@@ -135,9 +142,13 @@ pub fn table(results: &[AppResult]) -> String {
         "lock ms",
         "barr ms"
     );
+    let mut ranges = false;
     for r in results {
         for (&n, dsm) in &r.dsm {
             let thr = &r.threads[&n];
+            // The spread of the ratio the target is about (DSM/seq at one node).
+            let range = base(r, n).and_then(|(_, base)| ratio_range(dsm, base));
+            ranges |= range.is_some();
             let msgs = stat(dsm, "msgs_sent");
             // A cell with no good run has no statistics: "-", not zeros.
             let num = |v: f64, digits: usize| dsm.secs.map_or("-".into(), |_| format!("{v:.digits$}"));
@@ -155,7 +166,7 @@ pub fn table(results: &[AppResult]) -> String {
                 secs(dsm),
                 fmt_ratio(ratio(r.seq.secs, dsm.secs)),
                 fmt_ratio(ratio(dsm.secs, thr.secs)),
-                fmt_range(ratio_range(dsm, thr)),
+                fmt_range(range),
                 fmt_target(target(r, n)),
                 num(msgs, 0),
                 num(stat(dsm, "bytes_sent"), 0),
@@ -169,6 +180,13 @@ pub fn table(results: &[AppResult]) -> String {
         if r.failures() > 0 {
             let _ = writeln!(s, "{:<9}    {} FAILED RUNS", r.app.name, r.failures());
         }
+    }
+    if ranges {
+        let _ = writeln!(
+            s,
+            "each rep: the lowest-highest of DSM/seq at 1 node and DSM/threads at more, repetition by \
+             repetition (the ratio the target is about)"
+        );
     }
     for r in results {
         if let Size::Custom(flags) = &r.size {
@@ -212,7 +230,12 @@ pub fn summary(results: &[AppResult]) -> String {
     for (n, what) in [(1, "DSM/seq"), (2, "DSM/threads")] {
         let targets: Vec<(&str, Target)> =
             results.iter().filter_map(|r| Some((r.app.name, target(r, n)?))).collect();
-        if targets.is_empty() {
+        // Apps at their default size that ran at n nodes with no verdict: some run failed.
+        let unjudged: Vec<&str> = (results.iter())
+            .filter(|r| r.size == Size::Default && r.dsm.contains_key(&n) && target(r, n).is_none())
+            .map(|r| r.app.name)
+            .collect();
+        if targets.is_empty() && unjudged.is_empty() {
             continue;
         }
         let missed: Vec<String> = targets
@@ -232,6 +255,10 @@ pub fn summary(results: &[AppResult]) -> String {
             if n == 1 { "" } else { "s" },
             targets.len()
         );
+        if !unjudged.is_empty() {
+            let _ =
+                write!(s, "; {} without a verdict (failed runs): {}", unjudged.len(), unjudged.join(", "));
+        }
         if !missed.is_empty() {
             let _ = write!(s, "; missed: {}", missed.join(", "));
         }
@@ -279,7 +306,9 @@ fn json(results: &[AppResult]) -> serde_json::Value {
                             "range": t.range.map(|(lo, hi)| [lo, hi]),
                             "met": t.met(),
                         })),
-                        "msgs_per_iteration": iterations(r).map(|i| stat(dsm, "msgs_sent") / i as f64),
+                        "msgs_per_iteration": iterations(r)
+                            .filter(|_| dsm.secs.is_some())
+                            .map(|i| stat(dsm, "msgs_sent") / i as f64),
                         "mp": r.mp.get(n).map(cell),
                         "dsm_over_mp": r.mp.get(n).and_then(|mp| ratio(dsm.secs, mp.secs)),
                     })
@@ -492,6 +521,47 @@ mod tests {
         assert_eq!(j["apps"][0]["runs"][0]["target"]["range"][1], 0.58 / 0.40);
         // A failed repetition would pair the others wrongly, and leaves a median of the rest:
         // no verdict at all (`no_verdict_on_a_cell_with_failed_runs`).
+    }
+
+    /// At one node the verdict is on DSM over sequential time: the row's `each rep` is that
+    /// ratio's spread, so that the verdict can be checked from the row.
+    #[test]
+    fn at_one_node_each_rep_is_the_spread_of_dsm_over_seq() {
+        let mut r = result("sor", Size::Default, 1.0, &[(1, 1.0, 1.0)]);
+        r.seq = cell_of(&[1.00, 0.90, 1.00]);
+        r.threads.insert(1, cell_of(&[1.00, 1.00, 1.00]));
+        r.dsm.insert(1, cell_of(&[1.01, 1.00, 1.02]));
+        // DSM/seq repetition by repetition 1.01, 1.11 and 1.02; DSM/threads 1.00-1.02.
+        let t = target(&r, 1).expect("a target");
+        assert!(t.met() && t.split(), "{t:?}");
+        let results = [r];
+        let table = table(&results);
+        let row = table.lines().find(|l| l.starts_with("sor ")).expect("a row");
+        assert!(row.contains(" 1.01-1.11 ") && !row.contains("1.00-1.02"), "{table}");
+        assert!(table.contains("each rep: the lowest-highest"), "{table}");
+        assert!(summary(&results).ends_with("repetitions on both sides of the limit: sor 1.01-1.11\n"));
+    }
+
+    /// A default-size app whose runs failed has no verdict, and the summary names it.
+    #[test]
+    fn the_summary_names_the_apps_without_a_verdict() {
+        let mut failed = result("sor", Size::Default, 1.0, &[(1, 1.0, 1.0), (2, 0.5, 0.6)]);
+        let killed = vec!["no result within 600s; killed".to_string()];
+        failed.dsm.insert(2, Cell { errors: killed, ..Cell::default() });
+        let results = [
+            failed,
+            result("water", Size::Default, 1.0, &[(1, 1.0, 1.0), (2, 0.5, 0.6)]),
+            result("is", Size::Small, 1.0, &[(1, 1.0, 1.0), (2, 0.5, 0.6)]),
+        ];
+        assert_eq!(
+            summary(&results),
+            "targets at 1 node, DSM/seq: 2 of 2 met\n\
+             targets at 2 nodes, DSM/threads: 1 of 1 met; 1 without a verdict (failed runs): sor\n"
+        );
+        // A cell with no good run has no messages per iteration, as in the table: not zero.
+        let j = json(&results);
+        assert_eq!(j["apps"][0]["runs"][1]["msgs_per_iteration"], serde_json::Value::Null);
+        assert_eq!(j["apps"][1]["runs"][1]["msgs_per_iteration"], 0.0);
     }
 
     #[test]

@@ -162,11 +162,7 @@ fn run_one(plan: &Plan, app: &AppSpec, size: &Size, mode: &str, n: usize) -> Res
             (true, false) => "no PASS; ",
             _ => "",
         };
-        let tail: Vec<&str> = stderr.lines().chain(stdout.lines()).rev().take(5).collect();
-        return Err(format!(
-            "{missing}{status} ({})",
-            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
-        ));
+        return Err(format!("{missing}{status} ({})", last_words(&stderr, &stdout)));
     };
     let field = |k: &str| result.split(' ').find_map(|f| f.strip_prefix(&format!("{k}=")));
     let secs = field("secs").and_then(|s| s.parse().ok()).ok_or("RESULT line without secs")?;
@@ -175,6 +171,17 @@ fn run_one(plan: &Plan, app: &AppSpec, size: &Size, mode: &str, n: usize) -> Res
     let timed = summed(&stderr, "TMK_TIMED_STATS ");
     let stats = if timed.is_empty() { job_stats.clone() } else { timed };
     Ok(One { secs, stats, job_stats, detail })
+}
+
+/// What a failed run said last: the last five lines of its standard error and then its standard
+/// output, the statistics lines left out (`TMK_STATS` and `TMK_TIMED_STATS`, about 1.4 KB of JSON
+/// a node each, printed at exit after the app's own diagnostic, would crowd it out).
+fn last_words(stderr: &str, stdout: &str) -> String {
+    let stats = |l: &&str| l.starts_with("TMK_STATS ") || l.starts_with("TMK_TIMED_STATS ");
+    let mut tail: Vec<&str> =
+        stderr.lines().chain(stdout.lines()).filter(|l| !stats(l)).rev().take(5).collect();
+    tail.reverse();
+    tail.join(" | ")
 }
 
 /// The statistics of the lines of `stderr` that start with `prefix` (one JSON object a node),
@@ -310,4 +317,32 @@ pub fn run_all(plan: &Plan) -> Result<Vec<AppResult>, String> {
     }
     progress(&format!("[{step}/{total}] done"), true);
     Ok(results)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::last_words;
+
+    /// fft's DSM run at 4 nodes failing its check: each node's statistics at its timer's end,
+    /// the app's diagnostic, each node's statistics at exit, then its verdict.
+    #[test]
+    fn a_failed_runs_reason_keeps_the_apps_diagnostic_not_the_statistics() {
+        let stats = format!("{{\"node\":0,\"msgs_sent\":94,\"more\":\"{}\"}}", "x".repeat(1400));
+        let mut stderr = String::new();
+        for _ in 0..4 {
+            stderr += &format!("TMK_TIMED_STATS {stats}\n");
+        }
+        stderr += "fft: the result differs from the sequential six-step run\n";
+        for _ in 0..4 {
+            stderr += &format!("TMK_STATS {stats}\n");
+        }
+        let stdout = "RESULT app=fft mode=dsm nprocs=4 secs=0.1 detail=\"x\"\nFAIL\n";
+        assert_eq!(
+            last_words(&stderr, stdout),
+            "fft: the result differs from the sequential six-step run | RESULT app=fft mode=dsm \
+             nprocs=4 secs=0.1 detail=\"x\" | FAIL"
+        );
+        // Other lines, up to five, are kept as they came.
+        assert_eq!(last_words("a\nb\nc\nd\n", "e\nf\n"), "b | c | d | e | f");
+    }
 }

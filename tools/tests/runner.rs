@@ -43,18 +43,25 @@ fn small_runs_give_a_table_json_and_charts() {
     let out_dir = Scratch::new("small");
     let out = bench()
         .args(["--small", "--apps", "sor,radix", "--args", "radix=--keys 50000", "--nodes", "1,2"])
-        .args(["--reps", "1", "--out"])
+        // Small sizes run in well under a second: a hung run fails the test in a minute.
+        .args(["--reps", "1", "--timeout", "60", "--out"])
         .arg(&out_dir.0)
         .output()
         .expect("tmk-bench runs");
     let all = text(&out);
     assert!(out.status.success(), "{all}");
     let stdout = String::from_utf8_lossy(&out.stdout);
+    // The columns are right-aligned: the target column ends where its header does.
+    let header =
+        stdout.lines().find(|l| l.starts_with("app ")).unwrap_or_else(|| panic!("no header in\n{all}"));
+    let target_end = header.find(" target").map(|i| i + " target".len()).expect("a target column");
     for (app, n) in [("sor", "1"), ("sor", "2"), ("radix", "1"), ("radix", "2")] {
         let row = stdout.lines().find(|l| l.split_whitespace().take(2).eq([app, n]));
         let row = row.unwrap_or_else(|| panic!("no row for {app} at {n} nodes in\n{all}"));
         // Small sizes are not what the targets are for: no verdict, and no summary.
-        assert!(row.split_whitespace().nth(7) == Some("-"), "{row}");
+        let target = row.get(..target_end).and_then(|r| r.split_whitespace().last());
+        let aligned = row.get(target_end..).is_some_and(|rest| rest.starts_with(' '));
+        assert!(aligned && target == Some("-"), "target column of\n{header}\n{row}");
     }
     assert!(!stdout.contains("targets at"), "{all}");
     // radix ran at the size given, which the table names.
@@ -135,12 +142,49 @@ fn bad_arguments_and_missing_apps_are_refused_by_name() {
 
     let empty = Scratch::new("nobin");
     std::fs::create_dir_all(&empty.0).expect("scratch directory");
-    let out = bench().args(["--apps", "sor", "--bin"]).arg(&empty.0).output().expect("tmk-bench runs");
+    let out = bench()
+        .args(["--apps", "sor", "--timeout", "60", "--bin"])
+        .arg(&empty.0)
+        .arg("--out")
+        .arg(empty.0.join("out"))
+        .output()
+        .expect("tmk-bench runs");
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(text(&out).contains("sor not found"), "{}", text(&out));
 
     let out = bench().arg("--help").output().expect("tmk-bench runs");
     assert!(out.status.success() && text(&out).contains("usage: tmk-bench"), "{}", text(&out));
+}
+
+/// Runs sharing an output directory start together: each checks that it can write there with a
+/// file of its own, which another's check does not remove under it.
+#[test]
+fn runs_sharing_an_output_directory_do_not_trip_each_other() {
+    let scratch = Scratch::new("shared");
+    let (bin, out_dir) = (scratch.0.join("bin"), scratch.0.join("out"));
+    std::fs::create_dir_all(&bin).expect("a bin directory");
+    for _ in 0..50 {
+        let runs: Vec<std::process::Child> = (0..8)
+            .map(|_| {
+                // No app in `bin`: each run stops once its output directory is checked.
+                bench()
+                    .args(["--apps", "sor", "--timeout", "60", "--bin"])
+                    .arg(&bin)
+                    .arg("--out")
+                    .arg(&out_dir)
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .expect("tmk-bench starts")
+            })
+            .collect();
+        for run in runs {
+            let out = run.wait_with_output().expect("tmk-bench runs");
+            assert!(out.status.code() == Some(1) && text(&out).contains("sor not found"), "{}", text(&out));
+        }
+    }
+    let left: Vec<_> = std::fs::read_dir(&out_dir).expect("the output directory").collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
 }
 
 /// A fake app: a shell script named `name` in `dir`.
@@ -232,7 +276,7 @@ fn an_interrupt_stops_the_runner_and_kills_the_run_in_progress() {
     }
     let mut runner = Runner(
         bench()
-            .args(["--apps", "lu", "--nodes", "1", "--reps", "1", "--bin"])
+            .args(["--apps", "lu", "--nodes", "1", "--reps", "1", "--timeout", "60", "--bin"])
             .arg(&bin)
             .arg("--out")
             .arg(&out_dir)
