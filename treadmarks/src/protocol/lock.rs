@@ -51,7 +51,7 @@
 use super::ProtocolError;
 use super::ids::{DiffSeq, IntervalIdx, LockId, NodeId, PageIdx};
 use super::interval::IntervalRecord;
-use super::lock_history::Wished;
+use super::lock_history::{Wish, Wished};
 use super::memory::PageMemory;
 use super::msg::{Message, UnaskedDiffs};
 use super::node::{AppDone, Node, Pending};
@@ -64,7 +64,7 @@ use super::vtime::VectorTime;
 pub struct LockAsk {
     pub requester: NodeId,
     pub vt: VectorTime,
-    pub wish: Vec<Wished>,
+    pub wish: Wish,
 }
 
 /// Where the manager sends the next request for a lock.
@@ -169,7 +169,7 @@ impl<M: PageMemory> Node<M> {
             self.done.push_back(AppDone::Acquired(lock));
             return Ok(());
         }
-        let wish = self.lock_history.wish(lock);
+        let wish = Wish::new(&self.lock_history.wish(lock));
         self.lock_history.record(lock);
         let st = &mut self.locks[lock.idx()];
         st.requested = true;
@@ -231,10 +231,10 @@ impl<M: PageMemory> Node<M> {
 
     /// The tokens of wished-for locks a grant of `lock` to `to` passes along, taken from this
     /// node (the module docs say which qualify and why).
-    fn bundle(&mut self, lock: LockId, to: NodeId, wish: &[Wished]) -> Vec<LockId> {
+    fn bundle(&mut self, lock: LockId, to: NodeId, wish: &Wish) -> Vec<LockId> {
         let mut out = Vec::new();
         let ours = self.lock_history.expected_order();
-        for &Wished { lock: b, place } in wish {
+        for Wished { lock: b, place } in wish.iter() {
             if out.len() >= self.lock_history.limit() {
                 break;
             }
@@ -350,8 +350,8 @@ impl<M: PageMemory> Node<M> {
     }
 
     /// Checks the locks a peer's wish names (its places are hints, any will do).
-    fn check_wish(&self, wish: &[Wished]) -> Result<(), ProtocolError> {
-        wish.iter().try_for_each(|w| self.check_lock(w.lock))
+    fn check_wish(&self, wish: &Wish) -> Result<(), ProtocolError> {
+        self.check_locks(wish.locks())
     }
 
     pub(crate) fn handle_lock_request(

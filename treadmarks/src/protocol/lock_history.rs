@@ -4,7 +4,7 @@
 //! the same order every step) pays a round trip for every acquire whose token another node holds.
 //! The node remembers, for every lock it acquired, the [`LockHistory::limit`] locks it acquired
 //! after it. A request for a lock carries them (its *wish*: each lock once, with the place of its
-//! first acquire among them, [`Wished`]); the holder grants the lock and passes along the tokens
+//! first acquire among them, [`Wished`], sent as a [`Wish`]); the holder grants the lock and passes along the tokens
 //! of wished locks it holds and does not use, so the acquirer takes them without asking. A lock
 //! taken again before `limit` acquires followed it wishes for those that did (fewer: a lock
 //! taken again and again, a task queue's, wishes for the few others taken between). A lock never
@@ -34,10 +34,56 @@ use super::ids::LockId;
 
 /// A lock a request wishes for, and when the acquirer expects to take it: `place` is how many
 /// acquires of other locks (not the requested one) it expects first, as last time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Wished {
     pub lock: LockId,
     pub place: u32,
+}
+
+/// A wish as a request carries it: the locks in order, and their places only where they are not
+/// the locks' indices, which is where a lock taken twice was left out (a lock walk's wish, of
+/// locks each taken once, costs an id a lock, as when it named repeats).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Wish {
+    locks: Vec<LockId>,
+    /// `(i, n)`: the locks from `locks[i]` on sit `n` places further on than before it; by `i`.
+    gaps: Vec<(u32, u32)>,
+}
+
+impl Wish {
+    /// The wish of `wished` (places strictly increasing, as [`LockHistory::wish`] makes them).
+    pub fn new(wished: &[Wished]) -> Wish {
+        let mut wish = Wish { locks: Vec::with_capacity(wished.len()), gaps: Vec::new() };
+        let mut shift = 0u32;
+        for (i, w) in (0u32..).zip(wished) {
+            let at = i.saturating_add(shift);
+            if w.place > at {
+                wish.gaps.push((i, w.place - at));
+                shift = shift.saturating_add(w.place - at);
+            }
+            wish.locks.push(w.lock);
+        }
+        wish
+    }
+
+    /// The locks wished for, each with its place. From a peer, any gaps will do: places are
+    /// hints.
+    pub fn iter(&self) -> impl Iterator<Item = Wished> + '_ {
+        let mut gaps = self.gaps.iter().peekable();
+        let mut shift = 0u32;
+        (0u32..).zip(&self.locks).map(move |(i, &lock)| {
+            while let Some(&&(_, n)) = gaps.peek().filter(|g| g.0 <= i) {
+                shift = shift.saturating_add(n);
+                gaps.next();
+            }
+            Wished { lock, place: i.saturating_add(shift) }
+        })
+    }
+
+    /// The locks wished for.
+    pub fn locks(&self) -> &[LockId] {
+        &self.locks
+    }
 }
 
 #[derive(Debug, Default)]
@@ -339,6 +385,25 @@ mod tests {
         assert_eq!(h.expected_order().get(LockId(4)), Some(3));
         let w = |lock, place| Wished { lock: LockId(lock), place };
         assert_eq!(h.wish(LockId(1)), vec![w(2, 0), w(3, 1), w(4, 3)]);
+    }
+
+    /// A wish travels as its locks, with places only where a repeat was left out, and reads
+    /// back as it was made.
+    #[test]
+    fn a_wish_carries_places_only_where_repeats_were_left_out() {
+        let w = |lock, place| Wished { lock: LockId(lock), place };
+        let walk: Vec<Wished> = (0..256).map(|i| w(i + 1, i)).collect();
+        let wish = Wish::new(&walk);
+        assert!(wish.gaps.is_empty(), "a walk's wish needs no places");
+        assert_eq!(wish.iter().collect::<Vec<_>>(), walk);
+        let repeats = [w(2, 0), w(3, 1), w(4, 3), w(9, 7), w(5, 8)];
+        let wish = Wish::new(&repeats);
+        assert_eq!(wish.gaps, vec![(2, 1), (3, 3)]);
+        assert_eq!(wish.iter().collect::<Vec<_>>(), repeats);
+        assert_eq!(wish.locks(), &ids(&[2, 3, 4, 9, 5])[..]);
+        // From a peer, gaps out of order or past the end are hints like any other.
+        let odd = Wish { locks: ids(&[1, 2]), gaps: vec![(5, 1), (0, u32::MAX), (1, 7)] };
+        assert_eq!(odd.iter().map(|w| w.lock).collect::<Vec<_>>(), ids(&[1, 2]));
     }
 
     /// A lock taken once and then another 256 times wishes for that other once (it had named it

@@ -3,7 +3,7 @@
 use super::diff::Diff;
 use super::ids::{BarrierId, DiffSeq, IntervalIdx, LockId, NodeId, PageIdx};
 use super::interval::IntervalRecord;
-use super::lock_history::Wished;
+use super::lock_history::Wish;
 use super::vtime::VectorTime;
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
@@ -92,12 +92,12 @@ pub enum AllocFailure {
 pub enum Message {
     /// Acquirer → the lock's manager: the acquirer's `seq`-th request for the lock, and the
     /// locks it expects to take next (its wish, `lock_history.rs`).
-    LockRequest { lock: LockId, seq: u32, vt: VectorTime, wish: Vec<Wished> },
+    LockRequest { lock: LockId, seq: u32, vt: VectorTime, wish: Wish },
     /// Manager → the last requester of the lock: `requester` wants it after you. `tail` is the
     /// request of yours that made you the last requester (`None`: a grant passed you the token
     /// unasked). A former holder that passed the token to the manager sends a forward that was
     /// still on its way back to the manager (see `lock.rs`).
-    LockForward { lock: LockId, requester: NodeId, vt: VectorTime, wish: Vec<Wished>, tail: Option<u32> },
+    LockForward { lock: LockId, requester: NodeId, vt: VectorTime, wish: Wish, tail: Option<u32> },
     /// Releaser → acquirer: the lock, with every interval the acquirer lacks, the releaser's
     /// diffs of the pages it wrote while holding this lock or a bundled one and of those the
     /// acquirer reads (see `lock.rs`), and the tokens of

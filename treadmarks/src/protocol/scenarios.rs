@@ -1,7 +1,7 @@
 //! Small, readable protocol scenarios: a few nodes, messages delivered in order, and assertions
 //! on exactly which messages flow. (The seeded simulation in `sim.rs` covers the random cases.)
 
-use super::lock_history::Wished;
+use super::lock_history::{Wish, Wished};
 use super::msg::{DiffList, DiffWire};
 use super::*;
 
@@ -637,14 +637,15 @@ fn bad_input_from_a_peer_is_an_error_not_a_panic() {
     assert!(matches!(n.handle_message(NodeId(1), grant), Err(ProtocolError::Unexpected { .. })));
     let req = Message::DiffRequest { asks: vec![DiffAsk { page: PageIdx(999), want: 1, after_seq: 0 }] };
     assert!(matches!(n.handle_message(NodeId(1), req), Err(ProtocolError::PageOutOfRange { .. })));
-    let fwd = Message::LockRequest { lock: LockId(77), seq: 1, vt: VectorTime::zero(2), wish: vec![] };
+    let fwd =
+        Message::LockRequest { lock: LockId(77), seq: 1, vt: VectorTime::zero(2), wish: Wish::default() };
     assert!(matches!(n.handle_message(NodeId(1), fwd), Err(ProtocolError::UnknownLock { .. })));
     // A wish naming a lock the job does not have: an error naming it.
     let wish = Message::LockRequest {
         lock: LockId(0),
         seq: 1,
         vt: VectorTime::zero(2),
-        wish: vec![Wished { lock: LockId(99), place: 0 }],
+        wish: Wish::new(&[Wished { lock: LockId(99), place: 0 }]),
     };
     let e = n.handle_message(NodeId(1), wish).unwrap_err();
     assert_eq!(e, ProtocolError::UnknownLock { lock: LockId(99), nlocks: 8 });
