@@ -1,7 +1,11 @@
 //! Running job processes from tests: bounded waits, and every process reaped even when a test
-//! fails (each job runs in its own process group, killed whole on timeout or drop). Shared by the
-//! tests of this package and of the example applications.
+//! fails (each job runs in its own process group, killed whole on timeout or drop) or the test
+//! process is killed (each job's first process dies with the test's thread that spawned it:
+//! [`die_with_this_thread`]). Jobs see only the `TMK_*` settings their test gives them, plus
+//! `TMK_FAULTS` ([`hermetic`]). Shared by the tests of this package and of the example
+//! applications.
 
+use std::ffi::OsStr;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -32,9 +36,19 @@ pub struct Job {
 }
 
 impl Job {
+    /// Starts `cmd` in a process group of its own, [`hermetic`], dying with the calling thread
+    /// ([`die_with_this_thread`]): call it on the thread that waits for the job or drops it (a
+    /// test's own thread), never on one that ends before the job.
     pub fn spawn(mut cmd: Command) -> Job {
+        hermetic(&mut cmd);
+        die_with_this_thread(&mut cmd);
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
         Job { child: Some(cmd.spawn().expect("spawn test node")) }
+    }
+
+    /// The pid of the job's first process, which is also its process group's id.
+    pub fn id(&self) -> u32 {
+        self.child.as_ref().expect("not waited yet").id()
     }
 
     /// Waits at most `timeout`; on timeout kills the group and panics with what it printed.
@@ -77,6 +91,53 @@ impl Drop for Job {
                 nix::sys::signal::Signal::SIGKILL,
             );
             let _ = child.wait();
+        }
+    }
+}
+
+/// Makes the process `cmd` starts die (SIGKILL) when the thread calling this spawns it ends,
+/// however the test process ends: a test binary interrupted (Ctrl-C) or killed (a CI timeout)
+/// runs no `Drop`, and a job in a process group of its own gets neither the terminal's SIGINT
+/// nor, writing nothing, a SIGPIPE. A launcher takes its nodes along (`launch.rs`,
+/// `follow_launcher`); a node started by hand (`TMK_RANK`) follows nobody else.
+///
+/// `PR_SET_PDEATHSIG` fires when the *thread* that forked the child ends, not the process: the
+/// thread that spawns must outlive the job. Every spawn in these tests is on a test's own
+/// thread (libtest runs each test on a thread of its own, until the test returns or unwinds),
+/// which then waits for the job ([`Job::wait`] blocks it until the job ends or is killed) or
+/// drops it (which kills and reaps it): the job never outlives it. The signal survives the
+/// `exec` (these programs are not set-user-ID; `ip netns exec` execs the node without a fork),
+/// and is cleared in the children the job forks, which follow it their own way.
+///
+/// If the test process died between the fork and the hook, the child is already an orphan that
+/// no signal will reach: it checks that its parent is still the test process and otherwise
+/// exits at once (std's `_exit(1)` after a failed hook).
+pub fn die_with_this_thread(cmd: &mut Command) {
+    let parent = std::process::id() as i32;
+    // SAFETY: the hook runs in the child between fork and exec, where only async-signal-safe
+    // calls are allowed: it makes two system calls (`prctl`, `getppid`) and builds an
+    // `io::Error` from an errno, which allocates nothing and takes no lock.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+            if nix::unistd::getppid().as_raw() != parent {
+                return Err(std::io::Error::from_raw_os_error(nix::libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Removes from `cmd`'s environment every `TMK_*` variable it would inherit from this process,
+/// except `TMK_FAULTS` (the tests' choice of fault backend: see `tests/tests/support`), and
+/// except those `cmd` sets or removes itself: a job sees only the settings its test gives it,
+/// whatever the caller's shell exports (`TMK_LOCKS`, `TMK_PIN=0`, `TMK_GC_THRESHOLD`, ...).
+pub fn hermetic(cmd: &mut Command) {
+    let own: Vec<_> = cmd.get_envs().map(|(k, _)| k.to_os_string()).collect();
+    for (key, _) in std::env::vars_os() {
+        let tmk = key.as_encoded_bytes().starts_with(b"TMK_");
+        if tmk && key != OsStr::new("TMK_FAULTS") && !own.contains(&key) {
+            cmd.env_remove(&key);
         }
     }
 }

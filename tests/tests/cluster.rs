@@ -198,12 +198,19 @@ fn a_job_pins_to_cpus_no_other_job_holds_and_runs_unpinned_where_they_are_held()
 #[test]
 fn a_failed_jobs_service_thread_waits_idle_for_the_exit() {
     for (backend, out) in run("quiet-after-peer-death", 2, 21).iter() {
-        let ticks: u64 = out
+        // "SERVICE_CPU_TICKS <ticks> THREADS <found before> <found after>"
+        let nums: Vec<u64> = out
             .stdout
             .lines()
             .find_map(|l| l.strip_prefix("SERVICE_CPU_TICKS "))
-            .and_then(|t| t.trim().parse().ok())
-            .unwrap_or_else(|| panic!("{backend}: node 0 printed no tick count: {out:#?}"));
+            .map(|l| l.split_whitespace().filter_map(|w| w.parse().ok()).collect())
+            .unwrap_or_default();
+        let [ticks, before, after] = nums[..] else {
+            panic!("{backend}: node 0 printed no tick count: {out:#?}")
+        };
+        // The ticks are those of node 0's one service thread, measured from start to end (none
+        // found would count 0 ticks).
+        assert_eq!((before, after), (1, 1), "{backend}: service threads found: {out:#?}");
         // A spinning thread takes ~100 ticks a second (it took 97% of a CPU); an idle one none.
         assert!(ticks < 30, "{backend}: the service thread used {ticks} ticks in a second: {out:#?}");
     }
@@ -223,12 +230,22 @@ fn a_node_blocked_in_a_fault_inside_eprintln_still_reports_and_exits() {
     }
 }
 
+/// A loopback address of this test process's own: all of 127.0.0.0/8 is this host, and the
+/// other jobs listen and connect on 127.0.0.1. A port found free on it (bound, then closed)
+/// stays free until a node binds it, unless something binds that port on every address; and
+/// what connects to it reaches this test's node, never another job's. (A pid is below 2^22.)
+fn own_loopback() -> std::net::Ipv4Addr {
+    let pid = std::process::id();
+    std::net::Ipv4Addr::new(127, 64 + ((pid >> 16) & 63) as u8, (pid >> 8) as u8, pid as u8)
+}
+
 #[test]
 fn nodes_with_different_configurations_refuse_to_meet() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let root = format!("127.0.0.1:{port}");
-    let jobs: Vec<Job> = (0..2)
-        .map(|rank| {
+    let ip = own_loopback();
+    for attempt in 1.. {
+        let port = std::net::TcpListener::bind((ip, 0)).unwrap().local_addr().unwrap().port();
+        let root = format!("{ip}:{port}");
+        let mut jobs = (0..2).map(|rank| {
             let mut cmd = testnode();
             cmd.args(["counter"])
                 .env("TMK_NPROCS", "2")
@@ -239,12 +256,20 @@ fn nodes_with_different_configurations_refuse_to_meet() {
                 .env("TMK_LOCKS", if rank == 0 { "1024" } else { "512" })
                 .env("TMK_CONNECT_TIMEOUT", "10");
             Job::spawn(cmd)
-        })
-        .collect();
-    for job in jobs {
-        let out = job.wait(Duration::from_secs(30));
-        assert_ne!(out.code, Some(0), "{out:#?}");
-        assert!(out.stderr.contains("locks=512") || out.stderr.contains("rejected"), "{out:#?}");
+        });
+        let (rank0, rank1) = (jobs.next().unwrap(), jobs.next().unwrap());
+        let out = rank0.wait(Duration::from_secs(30));
+        // Taken all the same (by a listener on every address): again on another port, rank 1
+        // killed (dropped).
+        if out.stderr.contains("Address already in use") && attempt < 5 {
+            eprintln!("attempt {attempt}: port {port} was taken; again");
+            continue;
+        }
+        for out in [out, rank1.wait(Duration::from_secs(30))] {
+            assert_ne!(out.code, Some(0), "{out:#?}");
+            assert!(out.stderr.contains("locks=512") || out.stderr.contains("rejected"), "{out:#?}");
+        }
+        break;
     }
 }
 
@@ -327,4 +352,211 @@ fn a_fault_right_after_a_polled_reply_waits_for_its_own_resolution() {
 fn diffs_are_served_correctly_while_the_owner_keeps_writing_the_page() {
     run("serve-while-writing", 2, 13).assert_pass("serve-while-writing");
     run("serve-while-writing", 3, 14).assert_pass("serve-while-writing");
+}
+
+/// The caller's `TMK_*` settings reach no job: a re-run of this binary whose environment says
+/// 8 locks, and rank 5 of a 7-node job at a root nobody runs, still passes the `errors` test,
+/// whose scenario expects the default 1,024 locks.
+#[test]
+fn the_callers_tmk_settings_reach_no_job() {
+    let test = "bad_ids_and_sizes_are_typed_errors_naming_the_value";
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", test, "--test-threads=1"])
+        .env("TMK_LOCKS", "8")
+        .env("TMK_NPROCS", "7")
+        .env("TMK_RANK", "5")
+        .env("TMK_ROOT", format!("{}:9", own_loopback()));
+    let out = Job::spawn(cmd).wait(Duration::from_secs(120));
+    assert!(out.code == Some(0) && out.stdout.contains("1 passed"), "{out:#?}");
+}
+
+/// A set of runs with none in it (a backend asked for and missing) fails a test checking them
+/// all, rather than passing it having checked nothing.
+#[test]
+#[should_panic(expected = "no run")]
+fn no_runs_fail_assert_pass() {
+    support::Runs(Vec::new()).assert_pass("counter");
+}
+
+#[test]
+#[should_panic(expected = "no run")]
+fn no_runs_fail_a_loop_over_them() {
+    for _ in support::Runs(Vec::new()).iter() {}
+}
+
+/// A backend asked for that the kernel does not offer fails the test, naming it; an unknown
+/// value fails it too; with none asked for, the one the kernel lacks is skipped.
+#[test]
+fn backends_asked_for_and_missing_fail_the_test_naming_them() {
+    use std::panic::catch_unwind;
+    use support::backends_for;
+    let missing = || Err(treadmarks::mem::UffdUnavailable { why: "no userfaultfd here".into(), fix: "none" });
+    let message = |r: std::thread::Result<Vec<&str>>| match r {
+        Ok(v) => panic!("no panic, backends {v:?}"),
+        Err(e) => e.downcast_ref::<String>().cloned().unwrap_or_default(),
+    };
+    let msg = message(catch_unwind(|| backends_for(Some("uffd"), missing)));
+    assert!(msg.contains("TMK_FAULTS=uffd") && msg.contains("no userfaultfd here"), "{msg}");
+    let msg = message(catch_unwind(|| backends_for(Some("ufd"), || Ok(()))));
+    assert!(msg.contains("\"ufd\""), "{msg}");
+    assert_eq!(backends_for(Some("uffd"), || Ok(())), ["uffd"]);
+    assert_eq!(backends_for(Some("mprotect"), missing), ["mprotect"]);
+    for unset in [None, Some(""), Some("auto")] {
+        assert_eq!(backends_for(unset, missing), ["mprotect"]);
+        assert_eq!(backends_for(unset, || Ok(())), ["mprotect", "uffd"]);
+    }
+}
+
+/// Set in the re-run of this test binary that starts the jobs the test then orphans (not a
+/// `TMK_*` name: those are for jobs).
+const ORPHAN_HELPER: &str = "TMKT_ORPHAN_HELPER";
+const ORPHAN_TEST: &str = "jobs_die_with_the_test_process_however_it_is_killed";
+
+/// `/proc/<pid>/stat` after the comm: state, ppid, pgrp, ... (field 3 of the file is index 0).
+fn proc_stat(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(") ")?;
+    Some(rest.split_whitespace().map(str::to_string).collect())
+}
+
+/// A process, named by its pid and its start time (a pid may be another process's later).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Proc {
+    pid: u32,
+    start: u64,
+}
+
+impl Proc {
+    /// Still running (a zombie that nobody reaped, once reparented, is dead).
+    fn alive(self) -> bool {
+        proc_stat(self.pid).is_some_and(|f| {
+            !matches!(f[0].as_str(), "Z" | "X") && f.get(19).and_then(|s| s.parse().ok()) == Some(self.start)
+        })
+    }
+}
+
+/// The live processes of process group `pgrp`.
+fn group(pgrp: u32) -> Vec<Proc> {
+    let pids = std::fs::read_dir("/proc").unwrap().flatten();
+    let pids = pids.filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()));
+    pids.filter_map(|pid| {
+        let f = proc_stat(pid)?;
+        let ours = f.get(2)? == &pgrp.to_string() && !matches!(f[0].as_str(), "Z" | "X");
+        let start = f.get(19)?.parse().ok()?;
+        ours.then_some(Proc { pid, start })
+    })
+    .collect()
+}
+
+/// Whether process `pid` has a thread named like a service thread (its node met the others).
+fn meshed(pid: u32) -> bool {
+    let mut tasks = std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten();
+    tasks.any(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.contains("tmk-service")))
+}
+
+/// The helper's part: starts a 3-node job that hangs after its nodes met, and a node started
+/// by hand (`TMK_RANK`) that waits for a root nobody runs, says their pids (each is its job's
+/// process group), and waits for them, until the test kills it.
+fn orphan_helper() -> ! {
+    let mut cmd = testnode();
+    cmd.args(["hang", "-n", "3"])
+        .env("TMK_HEAP_SIZE", "64MiB")
+        .env("TMK_HEAP_BASE", heap_base(35))
+        .env("TMK_CONNECT_TIMEOUT", "20");
+    let launched = Job::spawn(cmd);
+    let mut cmd = testnode();
+    // Nothing listens on this process's own loopback address.
+    cmd.args(["counter"])
+        .env("TMK_NPROCS", "2")
+        .env("TMK_RANK", "1")
+        .env("TMK_ROOT", format!("{}:9", own_loopback()))
+        .env("TMK_HEAP_SIZE", "64MiB")
+        .env("TMK_HEAP_BASE", heap_base(36))
+        .env("TMK_CONNECT_TIMEOUT", "150");
+    let by_hand = Job::spawn(cmd);
+    println!("JOBS {} {}", launched.id(), by_hand.id());
+    // Both jobs outlive this wait, and this (the spawning) thread waits in it.
+    let out = launched.wait(Duration::from_secs(200));
+    panic!("the job ended: {out:#?}")
+}
+
+/// Kills the helper and what it started, whatever happened (what is dead already is skipped).
+struct Orphans {
+    helper: std::process::Child,
+    procs: Vec<Proc>,
+}
+
+impl Drop for Orphans {
+    fn drop(&mut self) {
+        let _ = self.helper.kill();
+        let _ = self.helper.wait();
+        for p in self.procs.iter().filter(|p| p.alive()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(p.pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+/// A test process killed (a CI timeout, or Ctrl-C: the jobs, each in a process group of its
+/// own, get no SIGINT) takes its jobs along: a launcher and its nodes, and a node started by
+/// hand. The test process here is a helper, a re-run of this binary, which starts the jobs.
+#[test]
+fn jobs_die_with_the_test_process_however_it_is_killed() {
+    use std::io::BufRead;
+    if std::env::var_os(ORPHAN_HELPER).is_some() {
+        orphan_helper();
+    }
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", ORPHAN_TEST, "--nocapture", "--test-threads=1"])
+        .env(ORPHAN_HELPER, "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    treadmarks_tests::die_with_this_thread(&mut cmd);
+    let mut helper = cmd.spawn().expect("spawn the helper");
+    let stdout = helper.stdout.take().unwrap();
+    let mut orphans = Orphans { helper, procs: Vec::new() };
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let jobs: Vec<u32> = loop {
+        let line = rx.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()));
+        let line = line.expect("the helper said no pids in 30 s");
+        // (After libtest's "test <name> ... ", on the same line.)
+        if let Some((_, pids)) = line.split_once("JOBS ") {
+            break pids.split_whitespace().map(|p| p.parse().unwrap()).collect();
+        }
+    };
+    let [launcher, by_hand] = jobs[..] else { panic!("{jobs:?}") };
+    // Every node up: the launcher and its two nodes met (a service thread each), and the node
+    // started by hand is waiting for its root.
+    loop {
+        let (job, alone) = (group(launcher), group(by_hand));
+        if job.len() == 3 && job.iter().all(|p| meshed(p.pid)) && alone.len() == 1 {
+            orphans.procs = job.into_iter().chain(alone).collect();
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the jobs did not start in 30 s: {job:?} {alone:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    orphans.helper.kill().unwrap();
+    orphans.helper.wait().unwrap();
+    let killed = std::time::Instant::now();
+    loop {
+        let alive: Vec<Proc> = orphans.procs.iter().copied().filter(|p| p.alive()).collect();
+        if alive.is_empty() {
+            break;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(10),
+            "alive 10 s after the test process died: {alive:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!("the jobs were gone {:?} after the test process", killed.elapsed());
 }

@@ -407,35 +407,45 @@ fn kill(tmk: &mut Tmk) -> R {
     Err(Error::Failed("the job went on without node 2".into()))
 }
 
-/// Node 1 dies after the barrier; node 0, computing (asleep) meanwhile, prints how much CPU its
-/// service thread used in the second after it learned of the death: a failed job must leave it
+/// Node 1 dies after the barrier; node 0, once it knows (a call fails), computing (asleep)
+/// meanwhile, prints how much CPU its service thread used in the second after it learned of the
+/// death, and how many service threads it found before and after: a failed job must leave it
 /// idle until the node exits, not spinning.
 fn quiet_after_peer_death(tmk: &mut Tmk) -> R {
+    use std::time::{Duration, Instant};
     tmk.barrier(0)?;
     if tmk.proc_id() == 1 {
         std::process::exit(3);
     }
-    // Time for node 1 to die and its connection to be seen gone.
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    let before = service_cpu_ticks();
-    std::thread::sleep(std::time::Duration::from_millis(1000));
-    println!("SERVICE_CPU_TICKS {}", service_cpu_ticks() - before);
+    // Until node 1's death is seen: a failed job answers every call with its failure (node 1
+    // may answer a ping or two before it is gone).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tmk.ping(1).is_ok() {
+        check(Instant::now() < deadline, || "node 1's death went unnoticed for 10 s".into())?;
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (threads_before, before) = service_cpu_ticks();
+    std::thread::sleep(Duration::from_millis(1000));
+    let (threads_after, after) = service_cpu_ticks();
+    println!("SERVICE_CPU_TICKS {} THREADS {threads_before} {threads_after}", after.saturating_sub(before));
     Ok(())
 }
 
-/// User and system CPU ticks of this process's service thread (`/proc/self/task/*/stat`).
-fn service_cpu_ticks() -> u64 {
-    let mut ticks = 0;
+/// How many threads of this process are service threads (named `tmk-service-<node>`), and their
+/// user and system CPU ticks together (`/proc/self/task/*/stat`).
+fn service_cpu_ticks() -> (usize, u64) {
+    let (mut threads, mut ticks) = (0, 0);
     for task in std::fs::read_dir("/proc/self/task").into_iter().flatten().flatten() {
         let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else { continue };
         // "pid (comm) state ... utime stime ...": fields 14 and 15, counted after the comm.
         let Some((comm, rest)) = stat.split_once(") ") else { continue };
         if comm.contains("tmk-service") {
             let fields: Vec<&str> = rest.split(' ').collect();
+            threads += 1;
             ticks += fields[11].parse::<u64>().unwrap_or(0) + fields[12].parse::<u64>().unwrap_or(0);
         }
     }
-    ticks
+    (threads, ticks)
 }
 
 /// Node 2 gives up with an error after the first barrier (its `Tmk` dropped without exiting);
@@ -786,6 +796,15 @@ fn explicit_config(tmk: &mut Tmk) -> R {
     counter_under(tmk, 15)
 }
 
+/// Scenario `hang`: a job stuck after its nodes met, as a deadlocked one is: each node waits
+/// at a barrier, then sleeps 120 s and fails. For the test that kills the test process running
+/// it: the job must die with it, long before.
+fn hang(tmk: &mut Tmk) -> R {
+    tmk.barrier(0)?;
+    std::thread::sleep(std::time::Duration::from_secs(120));
+    Err(Error::Failed("nobody killed the job in 120 s".into()))
+}
+
 /// Starts this node: by the environment and arguments, as `Tmk::startup` does; in
 /// `explicit-config`, every node by `Tmk::startup_with` with a configuration made in code, a
 /// launcher's with 16 locks, as a program that builds its own would (the nodes the launcher
@@ -837,6 +856,7 @@ fn main() -> ExitCode {
             "distribute-unanswered" => distribute_unanswered(&mut tmk),
             "launcher-dies" => launcher_dies(&mut tmk),
             "explicit-config" => explicit_config(&mut tmk),
+            "hang" => hang(&mut tmk),
             other => Err(Error::Failed(format!("unknown scenario {other:?}"))),
         };
         r?;

@@ -1,10 +1,14 @@
 //! Running node processes from tests: bounded waits, and every process reaped even when a test
-//! fails (each job runs in its own process group, killed whole on timeout or drop).
+//! fails (each job runs in its own process group, killed whole on timeout or drop) or the test
+//! process is killed (`treadmarks_tests::die_with_this_thread`). Jobs inherit no `TMK_*`
+//! variable but `TMK_FAULTS` (`treadmarks_tests::hermetic`).
 //!
 //! [`run`] and [`run_with`] run a scenario once per fault backend (`TMK_FAULTS=mprotect`, then
 //! `TMK_FAULTS=uffd`), so every cluster test covers both. The userfaultfd run is skipped, with the
 //! reason printed, where the kernel does not offer it. Setting `TMK_FAULTS=mprotect` or
-//! `TMK_FAULTS=uffd` in the test environment runs only that backend.
+//! `TMK_FAULTS=uffd` in the test environment runs only that backend; asked for and not offered by
+//! the kernel, it fails every test that runs jobs, naming it, rather than letting them pass with
+//! no run.
 
 #![allow(dead_code)]
 
@@ -14,30 +18,43 @@ pub use treadmarks_tests::{Job, Outcome, heap_base};
 
 /// The test node binary.
 pub fn testnode() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tmk-testnode"));
-    // Parallel tests must not collide on the fixed heap address: each job gets its own.
-    cmd.env_remove("TMK_RANK").env_remove("TMK_ROOT").env_remove("TMK_NPROCS");
-    cmd
+    // `Job::spawn` removes the caller's `TMK_*` variables (`TMK_RANK`, `TMK_LOCKS`, ...) but
+    // `TMK_FAULTS`, which `run_on` sets anyway.
+    Command::new(env!("CARGO_BIN_EXE_tmk-testnode"))
 }
 
 /// The fault backends to test: both, or the one `TMK_FAULTS` names; userfaultfd only where the
-/// kernel offers it (otherwise the reason is printed once per call).
+/// kernel offers it (otherwise the reason is printed once per call). Never empty: a backend
+/// asked for that the kernel does not offer, or a `TMK_FAULTS` naming none, panics.
 pub fn backends() -> Vec<&'static str> {
-    let only = std::env::var("TMK_FAULTS").ok().filter(|v| v == "mprotect" || v == "uffd");
-    let mut out = Vec::new();
-    for b in ["mprotect", "uffd"] {
-        if only.as_deref().is_some_and(|o| o != b) {
-            continue;
-        }
-        if b == "uffd"
-            && let Err(u) = treadmarks::mem::uffd_support()
-        {
-            println!("skipping the uffd backend: {} ({})", u.why, u.fix);
-            continue;
-        }
-        out.push(b);
+    backends_for(std::env::var("TMK_FAULTS").ok().as_deref(), treadmarks::mem::uffd_support)
+}
+
+/// [`backends`] with `TMK_FAULTS` = `faults`, and `uffd` saying whether the kernel offers it.
+pub fn backends_for(
+    faults: Option<&str>,
+    uffd: impl FnOnce() -> Result<(), treadmarks::mem::UffdUnavailable>,
+) -> Vec<&'static str> {
+    match faults.unwrap_or("") {
+        // Unset or empty (unset, to the runtime), or the runtime's default: both.
+        "" | "auto" => match uffd() {
+            Ok(()) => vec!["mprotect", "uffd"],
+            Err(u) => {
+                println!("skipping the uffd backend: {} ({})", u.why, u.fix);
+                vec!["mprotect"]
+            }
+        },
+        "mprotect" => vec!["mprotect"],
+        "uffd" => match uffd() {
+            Ok(()) => vec!["uffd"],
+            Err(u) => panic!(
+                "TMK_FAULTS=uffd asks for the uffd fault backend only, and this kernel does not offer \
+                 it: {} ({}); unset TMK_FAULTS to test the mprotect backend alone",
+                u.why, u.fix
+            ),
+        },
+        other => panic!("TMK_FAULTS={other:?} names no fault backend (auto, uffd or mprotect)"),
     }
-    out
 }
 
 /// What a scenario did on each backend it ran on.
@@ -45,9 +62,9 @@ pub fn backends() -> Vec<&'static str> {
 pub struct Runs(pub Vec<(&'static str, Outcome)>);
 
 impl Runs {
-    /// Every run exited 0 and printed `PASS <scenario>`.
+    /// Every run exited 0 and printed `PASS <scenario>`; there was at least one.
     pub fn assert_pass(&self, scenario: &str) {
-        for (backend, out) in &self.0 {
+        for (backend, out) in self.iter() {
             assert!(
                 out.code == Some(0) && out.stdout.contains(&format!("PASS {scenario}")),
                 "{scenario} failed on the {backend} fault backend: {out:#?}"
@@ -55,8 +72,10 @@ impl Runs {
         }
     }
 
-    /// The runs, with their backend.
+    /// The runs, with their backend; panics if there are none (a test checking each would pass
+    /// having checked nothing).
     pub fn iter(&self) -> impl Iterator<Item = &(&'static str, Outcome)> {
+        assert!(!self.0.is_empty(), "no run: the scenario ran on no fault backend");
         self.0.iter()
     }
 }
