@@ -728,9 +728,9 @@ impl<M: PageMemory> Node<M> {
             self.stream.in_flight += usize::from(streamed);
             self.misses.insert(p, Miss { write, purpose, streamed, asked, diffs, base });
         }
-        // One request per writer, split so that no reply can outgrow a frame (a page's diff is
-        // at most about a page), and ramped so that the writer's diffing, the transfer and our
-        // applying overlap.
+        // One request per writer, split into requests of at most `pages_per_request` pages (a
+        // server refuses more; a reply larger than `reply_bytes` comes in parts), and ramped so
+        // that the writer's diffing, the transfer and our applying overlap.
         for (w, asks) in asks.into_iter().enumerate() {
             let chunks: Vec<&[DiffAsk]> = if purpose == MissFor::Stream {
                 from_both_ends(&asks, limits.first_request_pages, limits.pages_per_request)
