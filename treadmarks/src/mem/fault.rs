@@ -266,8 +266,8 @@ fn fast_write(heap: &Heap, page: u32, addr: usize) {
 /// code's present bit (x86_64) to tell a write-protect fault (page mapped) from a minor fault
 /// (page not mapped in the application view):
 /// - `INVALID`: a miss. Hand it to the service thread exactly as on the mprotect backend.
-/// - `FROZEN`: a write while the service thread cuts the page's twin: handed off the same way.
-///   A read (its entry dropped while valid, by reclaim say) maps it write-protected and retries.
+/// - `FROZEN`: a write while the service thread cuts the page's twin: handed off the same way,
+///   and so is a read (of a page valid but not mapped here), taken for a write.
 /// - `READ_ONLY`, page mapped: a write-protect fault, so a write. Fast path: twin, clear WP.
 /// - `READ_ONLY`, not mapped (a valid page whose memfd page the runtime view touched first, so
 ///   the kernel raised a minor fault): a write twins and maps it writable at once; a read maps
@@ -300,38 +300,13 @@ fn handle_uffd(
                 unsafe { libc::sched_yield() };
                 return Outcome::Retry;
             }
-            state::FROZEN if kind == FaultKind::Read => {
-                // A read of a frozen page (a read never write-protect-faults): its entry is gone
-                // (reclaimed, say). Map it write-protected, as a read-only page's; handed off, it
-                // would be taken for a write and twinned, and noticed though nobody wrote it.
-                if st.compare_exchange(s, state::BUSY, Ordering::Acquire, Ordering::Relaxed).is_err() {
-                    continue;
-                }
-                let start = heap.app_page(page) as usize;
-                let ps = heap.page_size();
-                match uffd.continue_range(start, ps, true, ps) {
-                    Ok(mapped) => {
-                        if mapped == Continued::All {
-                            AtomicCounters::bump(&counters.minor_maps);
-                            heap.note_mapped(page, 1, true);
-                        }
-                        st.store(state::FROZEN, Ordering::Release);
-                        return Outcome::Retry;
-                    }
-                    Err(e) => {
-                        st.store(state::FROZEN, Ordering::Release);
-                        sigsafe::abort_with(&[
-                            b"treadmarks: cannot map a frozen page of the shared heap at ",
-                            Hex::new(addr).as_bytes(),
-                            b" (UFFDIO_CONTINUE errno ",
-                            sigsafe::Dec::new(e as u64).as_bytes(),
-                            b")\n",
-                        ]);
-                    }
-                }
-            }
             state::INVALID | state::FROZEN => {
                 // FROZEN: a write while the service thread cuts the twin; it waits like a miss.
+                // A read (a page valid but not mapped here, frozen) goes the same way, and the
+                // service thread takes it for a write, twinning a page that may only be read.
+                // Mapping it write-protected here instead (session 31) made radix 5-6% slower in
+                // two sets of 12 alternated runs, and at par with that branch turned off: its
+                // reads of such pages tend to be followed by writes, each then a second fault.
                 // Hazard "a fault racing an invalidation": the state is read after the fault,
                 // so a page invalidated (MADV_DONTNEED) between the access and here is handed
                 // off like any miss; the service thread tolerates a hand-off for a page that is

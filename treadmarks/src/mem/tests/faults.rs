@@ -333,37 +333,6 @@ fn a_hole_cut_in_the_heap_chains_to_the_default_action(backend: FaultBackend, te
     out.assert_killed_by(libc::SIGSEGV);
 }
 
-/// userfaultfd: a read of a frozen page whose entry the kernel dropped (reclaim; here
-/// `MADV_DONTNEED`) maps it write-protected and reads it, frozen still. Handed to the service
-/// thread, it had been taken for a write: twinned, made writable and noticed.
-#[test]
-fn a_read_of_a_frozen_page_not_mapped_maps_it_write_protected() {
-    if !uffd_or_skip() {
-        return;
-    }
-    run_in_child(test_name!(a_read_of_a_frozen_page_not_mapped_maps_it_write_protected), || {
-        let heap = map(layout(26, 4), FaultBackend::Uffd).unwrap();
-        let ps = heap.page_size();
-        let mut pages = HeapPages(heap.clone());
-        fill_read_only(&mut pages, 2, 0xcc);
-        pages.freeze(PageIdx(2), 1);
-        let at = heap.app_base().wrapping_add(2 * ps);
-        // SAFETY: drops page 2's entry in the application view, as reclaim would; the memfd
-        // keeps its contents.
-        assert_eq!(unsafe { libc::madvise(at.cast(), ps, libc::MADV_DONTNEED) }, 0);
-        assert!(!present(at as usize));
-        let _handler = FaultHandler::install(heap.clone(), Doorbell::new().unwrap()).unwrap();
-        assert_eq!(app_read(&heap, 2 * ps + 7), 0xcc);
-        assert!(present(at as usize), "mapped by the handler");
-        let c = heap.counters();
-        assert_eq!((c.handoffs, c.fast_write_faults, c.minor_maps), (0, 0, 1), "{c:?}");
-        assert_eq!(pages.access(PageIdx(2)), Access::None, "still frozen");
-        pages.set_access(PageIdx(2), 1, Access::Read);
-        assert_eq!(app_read(&heap, 2 * ps + 8), 0xcc);
-    })
-    .assert_success();
-}
-
 /// The handler installed for `sig` now.
 fn current_handler(sig: libc::c_int) -> libc::sighandler_t {
     // SAFETY: a zeroed sigaction is a valid out-parameter; a null new action only queries.
