@@ -499,16 +499,25 @@ mod tests {
             let mut h = LockHistory::new(limit, 64);
             let mut r =
                 Reference { limit, recent: Default::default(), follow: HashMap::new(), all: Vec::new() };
+            let mut previous = LockId(0);
             for step in 0..5_000u64 {
-                let lock = match next(4) {
-                    0 => LockId(next(64) as u32),
+                let lock = match next(8) {
+                    0 | 1 => LockId(next(64) as u32),
+                    // Runs of one lock, some longer than the limit (a queue's lock).
+                    2 => previous,
                     _ => LockId((step % 24) as u32 + if step % 1000 < 500 { 0 } else { 30 }),
                 };
-                h.record(lock);
-                r.record(lock);
+                let times = if lock == previous { 1 + next(12) } else { 1 };
+                for _ in 0..times {
+                    h.record(lock);
+                    r.record(lock);
+                }
+                previous = lock;
                 for l in (0..64).map(LockId) {
                     assert_eq!(h.wish(l), firsts(r.wish(l, 64)), "limit {limit}, step {step}, {l:?}");
                 }
+                let last = h.expected_order();
+                assert_eq!(last.get(lock), Some(0), "limit {limit}, step {step}");
             }
         }
     }
