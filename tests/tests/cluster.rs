@@ -282,6 +282,16 @@ fn a_launchers_explicit_configuration_holds_for_every_node() {
     run("explicit-config", 3, 30).assert_pass("explicit-config");
 }
 
+/// A launcher that another program starts and tells its pid, to die with it (`TMK_LAUNCHER_PID`
+/// without a rank: the core bench's 4-node launcher), is a launcher still: its own
+/// configuration and flags hold. Taken for a node a launcher spawned, it read its node count
+/// from an environment that had none and ran alone.
+#[test]
+fn a_launcher_told_to_die_with_its_parent_is_a_launcher_still() {
+    let pid = std::process::id().to_string();
+    run_with("explicit-config", 3, 31, &[("TMK_LAUNCHER_PID", &pid)]).assert_pass("explicit-config");
+}
+
 /// A node's final statistics count its exit and all it served while it waited in exit: over a
 /// job, every message and byte sent is received (node 0, in exit at once, forwarded the others'
 /// lock requests uncounted when its statistics were taken as it called exit).

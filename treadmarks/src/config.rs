@@ -466,8 +466,9 @@ impl Config {
         if let Some(v) = env("TMK_FAULTS")? {
             c.faults = v.parse().map_err(|why: String| invalid("TMK_FAULTS", &v, why))?;
         }
-        // Set by the launcher in the nodes it spawns (not a setting of the user's).
-        let spawned = var("TMK_LAUNCHER_PID").is_some();
+        // Set by the launcher in the nodes it spawns (not settings of the user's); the pid alone
+        // is a launcher's that another program started (`launch::spawned_by_launcher`).
+        let spawned = var("TMK_LAUNCHER_PID").is_some() && var("TMK_RANK").is_some();
         let mut rest = Vec::new();
         let mut it = args.into_iter();
         while let Some(a) = it.next() {

@@ -187,9 +187,11 @@ pub(crate) fn claimed_cpus() -> Option<Vec<usize>> {
     list.split(',').map(|c| c.trim().parse().ok()).collect()
 }
 
-/// True in a node a launcher spawned on its own machine.
+/// True in a node a launcher spawned on its own machine: told the launcher's pid and its rank.
+/// A launcher that another program started and told its pid (`TMK_LAUNCHER_PID` alone, to die
+/// with it: the core bench's re-executed 4-node launcher) is not one.
 pub(crate) fn spawned_by_launcher() -> bool {
-    std::env::var_os("TMK_LAUNCHER_PID").is_some()
+    std::env::var_os("TMK_LAUNCHER_PID").is_some() && std::env::var_os("TMK_RANK").is_some()
 }
 
 /// In a node spawned by a launcher (node `me`): die with the launcher, even if it is killed,
