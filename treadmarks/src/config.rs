@@ -9,7 +9,7 @@
 //! | heap base address | `TMK_HEAP_BASE` (hex) | | `0x600000000000` |
 //! | locks / barriers | `TMK_LOCKS` / `TMK_BARRIERS` | | 1024 / 64 |
 //! | collect consistency data past | `TMK_GC_THRESHOLD` (`1MiB`, bytes) | | 32 MiB or a quarter of the heap, if less |
-//! | fail a lock acquire past this much consistency data (a program that never collects) | `TMK_CONSISTENCY_LIMIT` (bytes; 0: no limit) | | half the machine's memory over the job's nodes on it |
+//! | fail a lock acquire past this much consistency data (a program that never collects; barriers collect at half of it if that is below the threshold) | `TMK_CONSISTENCY_LIMIT` (bytes; 0: no limit) | | half the machine's memory over the job's nodes on it |
 //! | print statistics at exit | `TMK_STATS=1` (a table), `TMK_STATS=json` (one line) | | off |
 //! | bound on meeting the other nodes | `TMK_CONNECT_TIMEOUT` (seconds) | | 30 |
 //! | how long the application polls for a reply, or for a fault's resolution, before it sleeps | `TMK_SPIN_US` (µs) | | 100 |
@@ -468,7 +468,8 @@ impl Config {
         }
         // Set by the launcher in the nodes it spawns (not settings of the user's); the pid alone
         // is a launcher's that another program started (`launch::spawned_by_launcher`).
-        let spawned = var("TMK_LAUNCHER_PID").is_some() && var("TMK_RANK").is_some();
+        let set = |k: &str| var(k).is_some_and(|v| !v.is_empty());
+        let spawned = set("TMK_LAUNCHER_PID") && set("TMK_RANK");
         let mut rest = Vec::new();
         let mut it = args.into_iter();
         while let Some(a) = it.next() {
@@ -579,28 +580,27 @@ impl Config {
         if self.connect_timeout.is_zero() {
             return Err(invalid("TMK_CONNECT_TIMEOUT", "0", "at least 1 s: the nodes need time to meet"));
         }
-        if let Some(limit) = self.consistency_limit.filter(|&l| l != 0 && l <= self.gc_threshold) {
-            let why = format!(
-                "must be above the collection threshold (TMK_GC_THRESHOLD, {} bytes): no barrier \
-                 collects below it, so lock acquires would fail in programs that call barriers",
-                self.gc_threshold
-            );
-            return Err(invalid("TMK_CONSISTENCY_LIMIT", &limit.to_string(), why));
-        }
         Ok(())
     }
 
     /// The consistency data past which a lock acquire fails, for a node sharing this machine
     /// with `local_nodes` of the job: as set (0: none), else half the machine's memory
-    /// (`/proc/meminfo`) over them, but at least twice the collection threshold (a barrier
-    /// collects only past it); no limit where the memory is unknown.
+    /// (`/proc/meminfo`) over them; no limit where the memory is unknown.
     pub fn consistency_limit_bytes(&self, local_nodes: u64) -> u64 {
         match self.consistency_limit {
             Some(0) => u64::MAX,
             Some(limit) => limit,
-            None => physical_memory()
-                .map_or(u64::MAX, |m| (m / 2 / local_nodes.max(1)).max(self.gc_threshold.saturating_mul(2))),
+            None => physical_memory().map_or(u64::MAX, |m| m / 2 / local_nodes.max(1)),
         }
+    }
+
+    /// The consistency data past which a barrier collects, under a node's consistency limit
+    /// `limit` ([`Config::consistency_limit_bytes`]): the collection threshold, or half the
+    /// limit if that is less, so that a program that calls barriers collects long before its
+    /// lock acquires would fail (a limit at or below the threshold made them fail, barriers or
+    /// not), and one that never does still gets its limit.
+    pub fn collection_threshold(&self, limit: u64) -> u64 {
+        self.gc_threshold.min(limit / 2)
     }
 
     /// Diff memory to back at startup: as set, else the diffs a node holds before its first
@@ -742,10 +742,10 @@ mod tests {
         assert!(e.contains("TMK_CONNECT_TIMEOUT") && e.contains("at least 1 s"), "{e}");
     }
 
-    /// Settings that contradict each other, or would have a thread poll for ever, are refused,
-    /// each naming the setting to change.
+    /// Settings that are out of range, or would have a thread poll for ever, are refused, each
+    /// naming the setting to change.
     #[test]
-    fn settings_that_contradict_each_other_are_refused_by_name() {
+    fn settings_out_of_range_are_refused_by_name() {
         let d = Config::default;
         let root = Some(SocketAddr::from(([127, 0, 0, 1], 7000)));
         let cases = [
@@ -753,10 +753,6 @@ mod tests {
             (Config { nprocs: 4, role: Role::Member { rank: 4 }, root, ..d() }, "TMK_RANK / --rank"),
             (Config { nlocks: 0, ..d() }, "TMK_LOCKS"),
             (Config { nbarriers: 0, ..d() }, "TMK_BARRIERS"),
-            (
-                Config { consistency_limit: Some(32 << 20), gc_threshold: 32 << 20, ..d() },
-                "TMK_CONSISTENCY_LIMIT",
-            ),
             (Config { app_spin: Duration::MAX, ..d() }, "TMK_SPIN_US"),
             (Config { service_spin: Some(Duration::from_secs(2)), ..d() }, "TMK_SERVICE_SPIN_US"),
         ];
@@ -764,14 +760,22 @@ mod tests {
             let e = c.validate().unwrap_err().to_string();
             assert!(e.contains(&format!("for {name}")), "{name}: {e}");
         }
-        for limit in [Some(0), Some((32 << 20) + 1), None] {
-            assert!(Config { consistency_limit: limit, gc_threshold: 32 << 20, ..d() }.validate().is_ok());
-        }
-        // The default limit leaves a barrier room to collect, however many nodes share the memory.
-        let c = Config { gc_threshold: 1 << 50, ..d() };
-        if physical_memory().is_some() {
-            assert_eq!(c.consistency_limit_bytes(1 << 20), 1 << 51);
-        }
+    }
+
+    /// A consistency limit below twice the collection threshold brings the collections forward
+    /// to half of it: a program calling barriers collects before its acquires would fail (they
+    /// failed, barriers or not, when the limit was at or below the threshold). Collections
+    /// turned off leave the limit as it is.
+    #[test]
+    fn a_consistency_limit_brings_collections_forward_to_half_of_it() {
+        let c = Config { consistency_limit: Some(16 << 20), gc_threshold: 32 << 20, ..Config::default() };
+        assert!(c.validate().is_ok());
+        let limit = c.consistency_limit_bytes(4);
+        assert_eq!((limit, c.collection_threshold(limit)), (16 << 20, 8 << 20));
+        let roomy = Config { consistency_limit: Some(1 << 30), ..c.clone() };
+        assert_eq!(roomy.collection_threshold(roomy.consistency_limit_bytes(4)), 32 << 20);
+        let never = Config { gc_threshold: u64::MAX, consistency_limit: Some(0), ..c };
+        assert_eq!(never.collection_threshold(never.consistency_limit_bytes(4)), u64::MAX / 2);
     }
 
     #[test]
@@ -832,6 +836,14 @@ mod tests {
         // Started by hand with both, a node's flags win.
         let (c, _) = Config::from_vars_and_args(vars(false), args()).unwrap();
         assert_eq!(c.root, Some("10.0.0.5:0".parse().unwrap()));
+        // A launcher told only its parent's pid (a rank set empty is no rank): its flags win.
+        let launcher = |k: &str| match k {
+            "TMK_LAUNCHER_PID" => Some(std::ffi::OsString::from("1234")),
+            "TMK_RANK" => Some(std::ffi::OsString::new()),
+            _ => None,
+        };
+        let (c, _) = Config::from_vars_and_args(launcher, args()).unwrap();
+        assert_eq!((c.nprocs, c.role, c.root), (4, Role::Launcher, Some("10.0.0.5:0".parse().unwrap())));
     }
 
     /// What a launcher passes its nodes reads back as its own settings, every one of them, the

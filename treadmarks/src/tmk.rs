@@ -149,20 +149,21 @@ impl Tmk {
         // A job started here has all its nodes on this machine.
         let local_job = matches!(config.role, Role::Launcher) || launch::spawned_by_launcher();
         let local_nodes = if local_job { u64::from(n) } else { 1 };
+        let consistency_limit = config.consistency_limit_bytes(local_nodes);
         let node_cfg = NodeConfig {
             me,
             nprocs: n,
             nlocks: config.nlocks,
             nbarriers: config.nbarriers,
             heap_size: config.heap_size as u64,
-            gc_threshold: config.gc_threshold,
+            gc_threshold: config.collection_threshold(consistency_limit),
             push: config.push,
             push_skip: config.push_skip,
             back_heap: config.back_heap,
             // Alone, a node has every token: nothing to predict.
             lock_bundle: if n > 1 { config.lock_bundle } else { 0 },
             stream_min_pages: config.stream_min_pages,
-            consistency_limit: config.consistency_limit_bytes(local_nodes),
+            consistency_limit,
             limits: Limits::default(),
         };
         let pages = HeapPages::claim(heap.clone()).expect("the heap was just mapped");

@@ -363,7 +363,8 @@ impl<M: PageMemory> Node<M> {
                 })
                 .count();
             served.truncate(fit);
-            asks.truncate(fit);
+            // Their twins may be cut now: looked at again at the next barrier.
+            self.push.cut_since_push.extend(asks.drain(fit..).map(|a| a.page));
             self.note_subscribers(to, &asks, &served);
             // A page whose twin turned out unchanged goes too, with no diffs: its notice still
             // stands, and the push saves the subscriber asking for nothing.

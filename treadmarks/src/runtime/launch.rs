@@ -191,7 +191,9 @@ pub(crate) fn claimed_cpus() -> Option<Vec<usize>> {
 /// A launcher that another program started and told its pid (`TMK_LAUNCHER_PID` alone, to die
 /// with it: the core bench's re-executed 4-node launcher) is not one.
 pub(crate) fn spawned_by_launcher() -> bool {
-    std::env::var_os("TMK_LAUNCHER_PID").is_some() && std::env::var_os("TMK_RANK").is_some()
+    // Set and not empty, as the configuration reads them (an empty setting is unset there).
+    let set = |k: &str| std::env::var_os(k).is_some_and(|v| !v.is_empty());
+    set("TMK_LAUNCHER_PID") && set("TMK_RANK")
 }
 
 /// In a node spawned by a launcher (node `me`): die with the launcher, even if it is killed,
