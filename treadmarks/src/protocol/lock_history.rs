@@ -4,13 +4,14 @@
 //! the same order every step) pays a round trip for every acquire whose token another node holds.
 //! The node remembers, for every lock it acquired, the [`LockHistory::limit`] locks it acquired
 //! after it. A request for a lock carries them (its *wish*: each lock once, with the place of its
-//! first acquire among them, [`Wished`], sent as a [`Wish`]); the holder grants the lock and passes along the tokens
-//! of wished locks it holds and does not use, so the acquirer takes them without asking. A lock
-//! taken again before `limit` acquires followed it wishes for those that did (fewer: a lock
-//! taken again and again, a task queue's, wishes for the few others taken between). A lock never
-//! taken yet (the first pass of a walk) wishes for the ids after it, a first guess that the
-//! walk's history replaces; a queue's lock had kept that guess through its first `limit`
-//! acquires, and its grants had passed the tokens of locks nobody took back and forth.
+//! first acquire among them, [`Wished`], sent as a [`Wish`]); the holder grants the lock and
+//! passes along the tokens of wished locks it holds and does not use, so the acquirer takes them
+//! without asking. A lock taken again before `limit` acquires followed it wishes for those that
+//! did (fewer: a lock taken again and again, a task queue's, wishes for the few others taken
+//! between). A lock never taken yet (the first pass of a walk) wishes for the ids after it, a
+//! first guess that the walk's history replaces; a queue's lock had kept that guess through its
+//! first `limit` acquires, and its grants had passed the tokens of locks nobody took back and
+//! forth.
 //!
 //! A wish names each lock once. It had named a lock as often as it was taken, each at its place,
 //! and the granter skipped the repeats: a node that took lock 0 256 times after lock 1 sent 256

@@ -19,9 +19,9 @@
 //!   in hand (`barrier.rs`). Only pages with a twin to cut or a diff the subscriber lacks are
 //!   sent, and only to a subscriber that gets at most [`PUSH_MAX_PAGES`] of them: pushes are for
 //!   the small exchanges of every step (boundary rows); the pages past
-//!   [`super::page::REPLY_BYTES`] of diffs are left out and fetched. A bulk transfer goes faster as a fetch,
-//!   whose ramped requests overlap the writer's diffing, the transfer and the reader's
-//!   applying; a push diffs every page before it goes out. (At 2 nodes the limit made fft 6%,
+//!   [`super::page::REPLY_BYTES`] of diffs are left out and fetched. A bulk transfer goes
+//!   faster as a fetch, whose ramped requests overlap the writer's diffing, the transfer and
+//!   the reader's applying; a push diffs every page before it goes out. (At 2 nodes the limit made fft 6%,
 //!   radix 8% and lu 3% faster; the iterative codes push 2-16 pages a step.)
 //! - **Using.** The subscriber keeps the pushed diffs aside; memory is not touched. When the page
 //!   misses later (a fault or a view), a writer's pushed diffs stand in for the request to that
