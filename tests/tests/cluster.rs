@@ -68,6 +68,18 @@ fn bad_ids_and_sizes_are_typed_errors_naming_the_value() {
     run("errors", 2, 8).assert_pass("errors");
 }
 
+/// A launcher whose root (`TMK_ROOT`, left set from a job across hosts, say) is an address this
+/// machine does not have fails at once, naming the setting and the address.
+#[test]
+fn a_root_node_0_cannot_listen_on_is_named() {
+    // TEST-NET-1 (RFC 5737): never one of this machine's addresses.
+    let out = run_on("mprotect", "counter", 2, 9, &[("TMK_ROOT", "192.0.2.1:7000")]);
+    assert_ne!(out.code, Some(0), "{out:#?}");
+    let want = "bad value \"192.0.2.1:7000\" for TMK_ROOT / --root: node 0 cannot listen there";
+    assert!(out.stderr.contains(want), "{out:#?}");
+    assert!(out.elapsed < Duration::from_secs(10), "took {:?}", out.elapsed);
+}
+
 /// Each of `survivors` failed within 20 s, its failure line saying `why`.
 fn survivors_say(backend: &str, out: &support::Outcome, survivors: &[usize], why: &str) {
     for survivor in survivors {
