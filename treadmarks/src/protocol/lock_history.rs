@@ -87,6 +87,7 @@ impl Wish {
     }
 }
 
+/// A node's recent acquires and what followed each lock.
 #[derive(Debug, Default)]
 pub struct LockHistory {
     limit: usize,
