@@ -467,9 +467,8 @@ impl Config {
             c.faults = v.parse().map_err(|why: String| invalid("TMK_FAULTS", &v, why))?;
         }
         // Set by the launcher in the nodes it spawns (not settings of the user's); the pid alone
-        // is a launcher's that another program started (`launch::spawned_by_launcher`).
-        let set = |k: &str| var(k).is_some_and(|v| !v.is_empty());
-        let spawned = set("TMK_LAUNCHER_PID") && set("TMK_RANK");
+        // is a launcher's that another program started.
+        let spawned = crate::runtime::launch::spawned_by_launcher_in(&var);
         let mut rest = Vec::new();
         let mut it = args.into_iter();
         while let Some(a) = it.next() {

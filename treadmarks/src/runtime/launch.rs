@@ -191,8 +191,13 @@ pub(crate) fn claimed_cpus() -> Option<Vec<usize>> {
 /// A launcher that another program started and told its pid (`TMK_LAUNCHER_PID` alone, to die
 /// with it: the core bench's re-executed 4-node launcher) is not one.
 pub(crate) fn spawned_by_launcher() -> bool {
-    // Set and not empty, as the configuration reads them (an empty setting is unset there).
-    let set = |k: &str| std::env::var_os(k).is_some_and(|v| !v.is_empty());
+    spawned_by_launcher_in(|k| std::env::var_os(k))
+}
+
+/// [`spawned_by_launcher`] in the environment `var` gives (the configuration reads its own):
+/// both variables set and not empty, as the configuration reads settings.
+pub(crate) fn spawned_by_launcher_in(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> bool {
+    let set = |k: &str| var(k).is_some_and(|v| !v.is_empty());
     set("TMK_LAUNCHER_PID") && set("TMK_RANK")
 }
 

@@ -269,16 +269,21 @@ impl Service {
     /// The application now waits for an answer.
     fn app_waits(&mut self, how: App) {
         self.app = how;
-        if !self.spin.is_zero() {
-            self.spin_until = Some(Instant::now() + self.spin);
-        }
+        self.poll_a_budget();
     }
 
     /// A peer's message came while the application waits: poll a budget more, as the next one
     /// (a peer's next request, the rest of a fetch) tends to follow, and a sleeping thread's
     /// wake-up costs more than the message's handling.
     fn peer_spoke(&mut self) {
-        if !matches!(self.app, App::Running) && !self.spin.is_zero() {
+        if !matches!(self.app, App::Running) {
+            self.poll_a_budget();
+        }
+    }
+
+    /// Polls the sockets for a spin budget from now instead of sleeping (none if there is none).
+    fn poll_a_budget(&mut self) {
+        if !self.spin.is_zero() {
             self.spin_until = Some(Instant::now() + self.spin);
         }
     }
