@@ -241,15 +241,15 @@ impl PageMemory for HeapPages {
     }
 
     fn write_protect_pages(&mut self, pages: &[PageIdx], freeze: bool) {
-        if freeze {
-            self.refuse_freezing_invalid(pages.iter().copied());
-        }
         let new = if freeze { state::FROZEN } else { state::READ_ONLY };
         // Invalid pages (made read-only, never frozen) are mapped, by runs; the others are
         // write-protected in spans, which may take the invalid ones in as gaps (they are mapped
         // after, with their own protection).
         let (invalid, valid): (Vec<PageIdx>, Vec<PageIdx>) =
             pages.iter().partition(|&&p| state::load_stable(self.0.state(self.check(p))) == state::INVALID);
+        if freeze {
+            self.refuse_freezing_invalid(invalid.iter().copied());
+        }
         let mut i = 0;
         while i < valid.len() {
             // A span: the pages from `valid[i]` on whose gaps are short and hold no writable page.
