@@ -238,9 +238,10 @@ impl fmt::Display for Stats {
         )?;
         writeln!(
             f,
-            "  intervals: {} closed, {} incorporated   write notices: {} made, {} received   invalidations: {}",
+            "  intervals: {} closed, {} incorporated, {} records sent ahead of their message   write notices: {} made, {} received   invalidations: {}",
             p.intervals,
             p.intervals_incorporated,
+            p.records_sent_ahead,
             p.write_notices_made,
             p.write_notices_received,
             p.invalidations

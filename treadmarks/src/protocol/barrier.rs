@@ -96,7 +96,7 @@ impl<M: PageMemory> Node<M> {
         }
         let msg =
             Message::BarrierArrive { barrier, vt: self.vt.clone(), intervals, gc: self.wants_gc(), pushes };
-        self.outbox.push_back((NodeId(0), msg));
+        self.send_with_records(NodeId(0), msg);
         self.deliver_local()
     }
 
@@ -229,8 +229,10 @@ impl<M: PageMemory> Node<M> {
             let vt = vt.expect("all arrived");
             let intervals = self.log.newer_than(&vt);
             let pushed_by = std::mem::take(&mut pushed_by[i]);
-            self.outbox
-                .push_back((to, Message::BarrierRelease { barrier, intervals, gc, heap_end, pushed_by }));
+            self.send_with_records(
+                to,
+                Message::BarrierRelease { barrier, intervals, gc, heap_end, pushed_by },
+            );
         }
         if gc {
             return self.start_gc(barrier);

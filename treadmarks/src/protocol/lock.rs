@@ -226,7 +226,7 @@ impl<M: PageMemory> Node<M> {
         let mut locks = bundled.clone();
         locks.push(lock);
         let diffs = self.diffs_for_grant(to, &locks, &ask.vt, &intervals, blocked);
-        self.outbox.push_back((to, Message::LockGrant { lock, intervals, diffs, bundled }));
+        self.send_with_records(to, Message::LockGrant { lock, intervals, diffs, bundled });
     }
 
     /// The tokens of wished-for locks a grant of `lock` to `to` passes along, taken from this

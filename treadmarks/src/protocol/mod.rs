@@ -8,13 +8,14 @@
 //! data-race-free programs against sequentially consistent memory.
 //!
 //! One file per concept: [`vtime`] (vector timestamps), [`interval`] (interval records and the
-//! log), [`diff`] (twin/page diffs), [`page`] (page state, lazy diffs, access misses), [`lock`]
-//! (distributed lock chain, diffs piggybacked on grants), [`barrier`] (centralized barrier
-//! manager), [`push`] (diffs pushed at barriers to the pages' earlier readers), [`stream`] (views that
-//! return while their pages arrive), [`gc`]
-//! (collection of consistency data at barriers), [`collective`] (allocation, distribute, exit),
-//! [`msg`] (wire messages), [`shared_bytes`] (diffs that point into the frame they arrived in), [`node`] (the state machine), [`alloc`] (node 0's
-//! heap allocator), [`stats`] (counters). Readable message-by-message scenarios live in
+//! log), [`ahead`] (records too many for one message, sent ahead of it), [`diff`] (twin/page
+//! diffs), [`page`] (page state, lazy diffs, access misses), [`lock`] (distributed lock chain,
+//! diffs piggybacked on grants), [`barrier`] (centralized barrier manager), [`push`] (diffs
+//! pushed at barriers to the pages' earlier readers), [`stream`] (views that return while their
+//! pages arrive), [`gc`] (collection of consistency data at barriers), [`collective`]
+//! (allocation, distribute, exit), [`msg`] (wire messages), [`shared_bytes`] (diffs that point
+//! into the frame they arrived in), [`node`] (the state machine), [`alloc`] (node 0's heap
+//! allocator), [`stats`] (counters). Readable message-by-message scenarios live in
 //! `scenarios.rs`.
 #![forbid(unsafe_code)]
 
@@ -39,6 +40,7 @@ macro_rules! invariant_eq {
     };
 }
 
+pub mod ahead;
 pub mod alloc;
 pub mod barrier;
 pub mod collective;

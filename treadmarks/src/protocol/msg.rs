@@ -125,6 +125,10 @@ pub enum Message {
         heap_end: u64,
         pushed_by: Vec<NodeId>,
     },
+    /// The head of the interval records of the next `LockGrant`, `BarrierArrive` or
+    /// `BarrierRelease` its sender sends to the receiver, sent ahead when the records take more
+    /// than `limits.record_bytes` (see `ahead.rs`).
+    Intervals { intervals: Vec<IntervalRecord> },
     /// Node → barrier manager: I have validated every page I must keep (collecting barrier).
     GcDone,
     /// Barrier manager → all: everybody has validated; drop consistency data and go on.
@@ -180,6 +184,7 @@ pub enum MsgKind {
     LockGrant,
     BarrierArrive,
     BarrierRelease,
+    Intervals,
     DiffRequest,
     DiffReply,
     DiffPush,
@@ -195,12 +200,13 @@ pub enum MsgKind {
 
 impl MsgKind {
     /// Every kind, in display order.
-    pub const ALL: [MsgKind; 16] = [
+    pub const ALL: [MsgKind; 17] = [
         MsgKind::LockRequest,
         MsgKind::LockForward,
         MsgKind::LockGrant,
         MsgKind::BarrierArrive,
         MsgKind::BarrierRelease,
+        MsgKind::Intervals,
         MsgKind::DiffRequest,
         MsgKind::DiffReply,
         MsgKind::DiffPush,
@@ -222,6 +228,7 @@ impl MsgKind {
             MsgKind::LockGrant => "lock_grant",
             MsgKind::BarrierArrive => "barrier_arrive",
             MsgKind::BarrierRelease => "barrier_release",
+            MsgKind::Intervals => "intervals",
             MsgKind::DiffRequest => "diff_request",
             MsgKind::DiffReply => "diff_reply",
             MsgKind::DiffPush => "diff_push",
@@ -246,6 +253,7 @@ impl Message {
             Message::LockGrant { .. } => MsgKind::LockGrant,
             Message::BarrierArrive { .. } => MsgKind::BarrierArrive,
             Message::BarrierRelease { .. } => MsgKind::BarrierRelease,
+            Message::Intervals { .. } => MsgKind::Intervals,
             Message::DiffRequest { .. } => MsgKind::DiffRequest,
             Message::DiffReply { .. } => MsgKind::DiffReply,
             Message::DiffPush { .. } => MsgKind::DiffPush,

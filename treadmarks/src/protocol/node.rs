@@ -10,6 +10,7 @@
 //! synchronization call (an acquire or a barrier): never behind its back.
 
 use super::ProtocolError;
+use super::ahead::{RecordsAhead, cut_ahead};
 use super::alloc::Allocator;
 use super::barrier::{BarrierEpisode, Passing};
 use super::gc::{Accounting, GcRound};
@@ -75,6 +76,9 @@ pub struct Limits {
     pub pages_per_request: usize,
     /// Most diff bytes one reply or push carries ([`super::page::REPLY_BYTES`]).
     pub reply_bytes: usize,
+    /// Most bytes of interval records one grant, arrival or release carries; older ones go
+    /// ahead of it ([`super::ahead::RECORD_BYTES`]).
+    pub record_bytes: usize,
 }
 
 impl Default for Limits {
@@ -86,6 +90,7 @@ impl Default for Limits {
             first_request_pages: super::page::FIRST_REQUEST_PAGES,
             pages_per_request: super::page::PAGES_PER_REQUEST,
             reply_bytes: super::page::REPLY_BYTES,
+            record_bytes: super::ahead::RECORD_BYTES,
         }
     }
 }
@@ -209,6 +214,8 @@ pub struct Node<M> {
     /// each doubling past the overdue mark is said once (`gc.rs`).
     pub(crate) gc_warned_at: u64,
     pub(crate) warnings: VecDeque<String>,
+    /// Interval records peers sent ahead of their next grant, arrival or release.
+    pub(crate) ahead: RecordsAhead,
     pub(crate) outbox: VecDeque<(NodeId, Message)>,
     pub(crate) done: VecDeque<AppDone>,
     pub(crate) stats: ProtocolStats,
@@ -258,6 +265,7 @@ impl<M: PageMemory> Node<M> {
             gc_force: false,
             gc_warned_at: 0,
             warnings: VecDeque::new(),
+            ahead: RecordsAhead::default(),
             outbox: VecDeque::new(),
             done: VecDeque::new(),
             stats: ProtocolStats::default(),
@@ -381,14 +389,18 @@ impl<M: PageMemory> Node<M> {
                 self.handle_lock_forward(from, lock, LockAsk { requester, vt, wish }, tail)
             }
             Message::LockGrant { lock, intervals, diffs, bundled } => {
+                let intervals = self.ahead.complete(from, intervals);
                 self.handle_lock_grant(from, lock, intervals, diffs, bundled)
             }
             Message::BarrierArrive { barrier, vt, intervals, gc, pushes } => {
+                let intervals = self.ahead.complete(from, intervals);
                 self.handle_barrier_arrive(from, barrier, vt, intervals, gc, pushes)
             }
             Message::BarrierRelease { barrier, intervals, gc, heap_end, pushed_by } => {
+                let intervals = self.ahead.complete(from, intervals);
                 self.handle_barrier_release(from, barrier, intervals, gc, heap_end, pushed_by)
             }
+            Message::Intervals { intervals } => self.ahead.hold(from, intervals, self.cfg.consistency_limit),
             Message::DiffRequest { asks } => {
                 self.check_request_len(from, "diff", asks.len())?;
                 for a in &asks {
@@ -438,6 +450,23 @@ impl<M: PageMemory> Node<M> {
             Message::GcRelease => self.handle_gc_release(from),
             other => self.handle_collective(from, other),
         }
+    }
+
+    /// Queues `msg`, a grant, arrival or release carrying interval records, for `to`, sending
+    /// the oldest ahead of it if they take more than `limits.record_bytes` (`ahead.rs`). A
+    /// message to this node itself is not cut: it never goes over a link.
+    pub(crate) fn send_with_records(&mut self, to: NodeId, mut msg: Message) {
+        if let Message::LockGrant { intervals, .. }
+        | Message::BarrierArrive { intervals, .. }
+        | Message::BarrierRelease { intervals, .. } = &mut msg
+            && to != self.me
+        {
+            for part in cut_ahead(intervals, self.cfg.limits.record_bytes) {
+                self.stats.records_sent_ahead += part.len() as u64;
+                self.outbox.push_back((to, Message::Intervals { intervals: part }));
+            }
+        }
+        self.outbox.push_back((to, msg));
     }
 
     /// Messages a node sends itself (it manages a lock it wants, node 0 arriving at a barrier)

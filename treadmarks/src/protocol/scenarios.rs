@@ -393,6 +393,89 @@ fn a_reply_larger_than_its_limit_comes_in_parts_and_completes_the_page_at_the_la
     }
 }
 
+/// Node 0 writes pages 1-5 in five intervals; node 2 takes the lock and writes pages 6-8 in three
+/// more; all meet at a barrier. When a message may carry one record, the grant to node 2 sends
+/// four of its five ahead, node 2's arrival two of its three, and the release to node 1, which
+/// lacks all eight, seven; every node ends with every write. With the default limit nothing goes
+/// ahead.
+#[test]
+fn records_too_many_for_one_message_go_ahead_of_it_and_are_taken_in_with_it() {
+    for (record_bytes, grant, arrival, to_node_1) in [(1, 4, 2, 7), (Limits::default().record_bytes, 0, 0, 0)]
+    {
+        let mut net = Net::with_pages(3, 10);
+        net.nodes.iter_mut().for_each(|n| n.cfg.limits.record_bytes = record_bytes);
+        for k in 1..=5 {
+            write_under(&mut net, 0, 2, k, 0, 10 + k as u8);
+        }
+        let since = net.log.len();
+        acquire(&mut net, 2, 2);
+        assert_eq!(net.count(since, 0, 2, MsgKind::Intervals), grant, "{:?}", &net.log[since..]);
+        for k in 6..=8 {
+            net.write(2, k, 0, 10 + k as u8);
+            release(&mut net, 2, 2);
+            if k < 8 {
+                acquire(&mut net, 2, 2);
+            }
+        }
+        let since = net.log.len();
+        net.barrier();
+        assert_eq!(net.count(since, 2, 0, MsgKind::Intervals), arrival, "{:?}", &net.log[since..]);
+        assert_eq!(net.count(since, 0, 1, MsgKind::Intervals), to_node_1, "{:?}", &net.log[since..]);
+        assert_eq!(net.count(since, 0, 2, MsgKind::Intervals), 0, "node 2 lacks nothing");
+        let ahead: u64 = net.nodes.iter().map(|n| n.stats().records_sent_ahead).sum();
+        assert_eq!(ahead, (grant + arrival + to_node_1) as u64);
+        for i in 0..3 {
+            assert_eq!(net.nodes[i].vt().entries(), [5, 0, 3], "node {i}");
+            for k in 1..=8 {
+                assert_eq!(net.read(i, k, 0), 10 + k as u8, "node {i}, page {k}");
+            }
+            assert_eq!(net.nodes[i].ahead.len(), 0, "node {i}");
+        }
+    }
+}
+
+/// Records sent ahead are held until their message comes, whatever comes between from other
+/// peers, and a peer that sends more of them than this node's consistency limit is refused.
+#[test]
+fn records_sent_ahead_wait_for_their_message_and_are_bounded_by_the_consistency_limit() {
+    let mut net = Net::new(3);
+    net.nodes[1].cfg.limits.record_bytes = 1;
+    write_under(&mut net, 1, 1, 1, 0, 7);
+    write_under(&mut net, 1, 1, 2, 0, 8);
+    net.nodes[0].request_acquire(LockId(1)).unwrap();
+    // Deliver everything but node 1's grant to node 0, whose part ahead is handled first.
+    let mut grant = None;
+    for _ in 0..10 {
+        for i in 0..3 {
+            while let Some((to, msg)) = net.nodes[i].poll_transmit() {
+                if matches!(msg, Message::LockGrant { .. }) {
+                    grant = Some(msg);
+                    continue;
+                }
+                net.log.push((i as u16, to.0, msg.kind()));
+                net.nodes[to.idx()].handle_message(NodeId(i as u16), msg).unwrap();
+            }
+        }
+    }
+    assert_eq!(net.count(0, 1, 0, MsgKind::Intervals), 1);
+    assert_eq!(net.nodes[0].ahead.len(), 1);
+    assert_eq!(net.done(0), None, "not acquired before the grant");
+    net.nodes[2].request_ping(NodeId(0)).unwrap();
+    net.settle();
+    assert_eq!(net.nodes[0].ahead.len(), 1, "another peer's messages leave the part held");
+    net.nodes[0].handle_message(NodeId(1), grant.expect("grant sent")).unwrap();
+    assert_eq!(net.done(0), Some(AppDone::Acquired(LockId(1))));
+    assert_eq!((net.read(0, 1, 0), net.read(0, 2, 0)), (7, 8));
+    // A peer sending records ahead past the limit.
+    let rec = net.nodes[0].log().iter().next().unwrap().clone();
+    net.nodes[2].cfg.consistency_limit = 2 * super::ahead::record_wire_bytes(&rec) as u64;
+    let part = || Message::Intervals { intervals: vec![rec.clone()] };
+    net.nodes[2].handle_message(NodeId(0), part()).unwrap();
+    net.nodes[2].handle_message(NodeId(0), part()).unwrap();
+    let err = net.nodes[2].handle_message(NodeId(0), part()).unwrap_err();
+    assert!(err.to_string().contains("TMK_CONSISTENCY_LIMIT") && err.to_string().contains("node 0"), "{err}");
+}
+
 #[test]
 fn a_grant_cuts_the_twins_it_carries_together_and_renewed_ones_unfrozen() {
     let mut net = Net::with_pages(2, 8);

@@ -848,6 +848,12 @@ impl Sim {
         for (i, sn) in self.nodes.iter().enumerate() {
             assert!(sn.exited, "seed {}: node {i}: exit did not complete", self.seed);
             assert!(!sn.node.streaming(), "seed {}: node {i}: streamed pages left on their way", self.seed);
+            assert_eq!(
+                sn.node.ahead.len(),
+                0,
+                "seed {}: node {i}: records sent ahead of no message",
+                self.seed
+            );
         }
     }
 }
@@ -979,7 +985,8 @@ impl Sim {
 /// The default limits in half the runs; in the others, limits so small that a few pages of
 /// 64 bytes reach them: pushes left out for too many pages, grants that carry only some of the
 /// diffs they could, deferred notices at most barriers, requests of a page or two, replies cut
-/// between diffs and pushes that leave pages out.
+/// between diffs, pushes that leave pages out, and grants and releases that send most of their
+/// interval records ahead.
 fn tiny_limits(pick: &mut Rng) -> Limits {
     if pick.chance(50) {
         return Limits::default();
@@ -991,6 +998,7 @@ fn tiny_limits(pick: &mut Rng) -> Limits {
         first_request_pages: 1 + pick.below(2) as usize,
         pages_per_request: 1 + pick.below(3) as usize,
         reply_bytes: [1, 100, 400][pick.below(3) as usize],
+        record_bytes: [1, 60, 300][pick.below(3) as usize],
     }
 }
 

@@ -70,6 +70,9 @@ pub struct ProtocolStats {
     pub write_notices_made: u64,
     /// Other nodes' interval records incorporated.
     pub intervals_incorporated: u64,
+    /// Interval records sent ahead of the grant, arrival or release carrying the rest, since
+    /// they were too many for one message (`ahead.rs`).
+    pub records_sent_ahead: u64,
     /// Other nodes' write notices incorporated.
     pub write_notices_received: u64,
     /// Pages invalidated by write notices.
@@ -143,6 +146,7 @@ impl std::ops::AddAssign<&ProtocolStats> for ProtocolStats {
         self.intervals += o.intervals;
         self.write_notices_made += o.write_notices_made;
         self.intervals_incorporated += o.intervals_incorporated;
+        self.records_sent_ahead += o.records_sent_ahead;
         self.write_notices_received += o.write_notices_received;
         self.invalidations += o.invalidations;
         self.lock_acquires_local += o.lock_acquires_local;
