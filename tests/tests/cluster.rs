@@ -80,6 +80,39 @@ fn a_root_node_0_cannot_listen_on_is_named() {
     assert!(out.elapsed < Duration::from_secs(10), "took {:?}", out.elapsed);
 }
 
+/// A job needing more open files (a connection per peer) than its processes may have: run, the
+/// soft limit raised, when the hard limit allows (8 nodes: node 0 holds ~20 files, over a soft
+/// limit of 16); refused at once by its node count when even the hard limit is too low.
+#[test]
+fn a_job_short_of_open_files_raises_the_soft_limit_or_is_refused_by_its_node_count() {
+    let backend = support::backends()[0];
+    for (soft, hard) in [(16, 4096), (16, 16)] {
+        let mut cmd = support::command_on(backend, "counter", 8, 37, &[]);
+        use nix::sys::resource::{Resource, setrlimit};
+        use std::os::unix::process::CommandExt;
+        // SAFETY: the hook runs in the child between fork and exec, where only async-signal-safe
+        // calls are allowed: it makes one system call (`setrlimit`) and builds an `io::Error`
+        // from an errno, which allocates nothing and takes no lock.
+        unsafe {
+            cmd.pre_exec(move || {
+                setrlimit(Resource::RLIMIT_NOFILE, soft, hard).map_err(std::io::Error::from)
+            });
+        }
+        let out = Job::spawn(cmd).wait(Duration::from_secs(120));
+        if hard == 16 {
+            assert_ne!(out.code, Some(0), "{out:#?}");
+            let want = "bad value \"8\" for TMK_NPROCS / -n: each node holds a connection to every other";
+            assert!(
+                out.stderr.contains(want) && out.stderr.contains("RLIMIT_NOFILE: soft 16, hard 16"),
+                "{out:#?}"
+            );
+            assert!(out.elapsed < Duration::from_secs(10), "took {:?}", out.elapsed);
+        } else {
+            out.assert_pass("counter");
+        }
+    }
+}
+
 /// Each of `survivors` failed within 20 s, its failure line saying `why`.
 fn survivors_say(backend: &str, out: &support::Outcome, survivors: &[usize], why: &str) {
     for survivor in survivors {

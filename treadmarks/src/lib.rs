@@ -48,6 +48,7 @@ pub mod error;
 mod headroom;
 #[cfg_attr(not(tmk_internals), doc(hidden))]
 pub mod mem;
+mod open_files;
 #[cfg_attr(not(tmk_internals), doc(hidden))]
 pub mod protocol;
 mod runtime;

@@ -107,6 +107,7 @@ impl Tmk {
             if launch::spawned_by_launcher() { Config::from_env_and_args(Vec::new())?.0 } else { config };
         config.validate()?;
         let n = config.nprocs;
+        crate::open_files::make_room(n)?;
         match config.role {
             // Every node of the job starts here: their startup reserves must fit.
             Role::Launcher => config.check_startup_memory(n)?,

@@ -93,6 +93,11 @@ pub fn run_with(scenario: &str, n: usize, slot: u64, env: &[(&str, &str)]) -> Ru
 
 /// Runs `scenario` on `n` local nodes on fault backend `backend` (`TMK_FAULTS`).
 pub fn run_on(backend: &str, scenario: &str, n: usize, slot: u64, env: &[(&str, &str)]) -> Outcome {
+    Job::spawn(command_on(backend, scenario, n, slot, env)).wait(Duration::from_secs(120))
+}
+
+/// The command [`run_on`] runs.
+pub fn command_on(backend: &str, scenario: &str, n: usize, slot: u64, env: &[(&str, &str)]) -> Command {
     let mut cmd = testnode();
     cmd.args([scenario, "-n", &n.to_string()])
         .env("TMK_FAULTS", backend)
@@ -100,5 +105,5 @@ pub fn run_on(backend: &str, scenario: &str, n: usize, slot: u64, env: &[(&str, 
         .env("TMK_HEAP_BASE", heap_base(slot))
         .env("TMK_CONNECT_TIMEOUT", "20");
     cmd.envs(env.iter().copied());
-    Job::spawn(cmd).wait(Duration::from_secs(120))
+    cmd
 }
