@@ -13,7 +13,10 @@
 //!    bad: Reject { reason } ──────────► every connected peer; both sides return an error
 //!  all in: Table { addrs } ───────────► every peer (addrs[j] = where rank j listens)
 //!                                       connect to every 0 < j < i, send MeshHello { rank: i }
-//!                                       accept from every j > i, check its MeshHello
+//!  all tables sent: Go ───────────────► every peer
+//!                                       accept from every j > i, check its MeshHello, watching
+//!                                       the root's connection for Go (or Reject, or its close)
+//!                                       until Go comes
 //! ```
 //!
 //! The connection to the root is the link to node 0. Handshake messages travel in
@@ -26,7 +29,10 @@
 //! - on success `peers[j]` is `Some` exactly for `j != rank`, every stream has `TCP_NODELAY` set,
 //!   is blocking and has no read or write timeout;
 //! - when the root fails the meeting it tells every peer it has heard from why (a `Reject`), so no
-//!   peer is left waiting for a table that will not come.
+//!   peer is left waiting for a table that will not come, nor, if it had the table, for a rank
+//!   that will not connect: a peer reads nothing from the root but handshakes before `Go` (the
+//!   root starts its node only once every peer has been sent `Go`), so it can watch for a
+//!   `Reject` while it waits for the ranks above it.
 //!
 //! This module does not own the streams after the meeting: [`link`](super::link) takes them over.
 
@@ -90,6 +96,9 @@ enum Handshake {
     Reject { reason: String },
     /// Rank i to rank j < i, on the connection it opened to j.
     MeshHello { rank: NodeId },
+    /// The root to everyone, once every peer has been sent the table: the root's part of the
+    /// meeting succeeded, and what comes after on its connection is the job's.
+    Go,
 }
 
 impl Handshake {
@@ -99,6 +108,7 @@ impl Handshake {
             Handshake::Table { .. } => "Table",
             Handshake::Reject { .. } => "Reject",
             Handshake::MeshHello { .. } => "MeshHello",
+            Handshake::Go => "Go",
         }
     }
 }
@@ -206,19 +216,23 @@ fn meet_as_root(
     addrs.extend(
         joined.iter().skip(1).map(|j| j.as_ref().expect("gather_hellos fills every rank but 0").listen_addr),
     );
-    let table = Handshake::Table { addrs };
-    let mut rest = joined.into_iter().enumerate().skip(1);
-    while let Some((rank, slot)) = rest.next() {
-        let mut peer = slot.expect("gather_hellos fills every rank but 0");
-        if let Err(err) = send(&mut peer.stream, peer.from, &table, deadline, "send the table to") {
-            // The ranks still to be sent the table are told why it will not come.
-            let reason = format!("node {rank}: {err}");
-            for j in rest.filter_map(|(_, slot)| slot) {
+    let mut joined: Vec<Joined> =
+        joined.into_iter().skip(1).map(|j| j.expect("gather_hellos fills every rank but 0")).collect();
+    for (msg, op) in [(Handshake::Table { addrs }, "send the table to"), (Handshake::Go, "send go to")] {
+        if let Some((i, err)) = (joined.iter_mut().enumerate())
+            .find_map(|(i, j)| send(&mut j.stream, j.from, &msg, deadline, op).err().map(|e| (i, e)))
+        {
+            // Every other rank is told why: those still to be sent the table that it will not
+            // come, those that have it that the rank will not connect.
+            let reason = format!("node {}: {err}", i + 1);
+            for (_, j) in joined.into_iter().enumerate().filter(|&(k, _)| k != i) {
                 reject(j.stream, j.from, &reason);
             }
             return Err(err);
         }
-        peers[rank] = Some(peer.stream);
+    }
+    for (rank, j) in joined.into_iter().enumerate() {
+        peers[rank + 1] = Some(j.stream);
     }
     Ok(())
 }
@@ -243,7 +257,7 @@ fn gather_hellos(
             )
         };
         let (mut stream, from) =
-            accept(listener, root_addr, deadline, waiting_for).map_err(|err| (err, None))?;
+            accept(listener, root_addr, deadline, waiting_for, || Ok(())).map_err(|err| (err, None))?;
         let hello = recv(&mut stream, from, deadline, "receive a hello from", || {
             format!("a hello from the connection from {from}")
         });
@@ -346,7 +360,6 @@ fn meet_as_peer(cfg: &MeshConfig, deadline: &Deadline, peers: &mut [Option<TcpSt
     if addrs.len() != usize::from(cfg.nprocs) {
         return Err(TransportError::BadTable { len: addrs.len(), nprocs: cfg.nprocs });
     }
-    peers[ROOT.idx()] = Some(root);
 
     // Lower ranks already listen (everyone binds before sending its hello): connect to them.
     for (j, &addr) in addrs.iter().enumerate().take(rank.idx()).skip(1) {
@@ -358,6 +371,7 @@ fn meet_as_peer(cfg: &MeshConfig, deadline: &Deadline, peers: &mut [Option<TcpSt
     // Higher ranks connect to us; where each connection came from, for a rank announced twice.
     let higher = cfg.nprocs - rank.0 - 1;
     let mut came_from: Vec<Option<SocketAddr>> = vec![None; usize::from(cfg.nprocs)];
+    let mut go = false;
     for count in 0..higher {
         let waiting_for = || {
             let missing: Vec<NodeId> =
@@ -367,7 +381,8 @@ fn meet_as_peer(cfg: &MeshConfig, deadline: &Deadline, peers: &mut [Option<TcpSt
                 rank_list(&missing)
             )
         };
-        let (mut stream, from) = accept(&listener, listen_addr, deadline, waiting_for)?;
+        let watch = || watch_root(&mut root, cfg.root, deadline, &mut go);
+        let (mut stream, from) = accept(&listener, listen_addr, deadline, waiting_for, watch)?;
         let msg = recv(&mut stream, from, deadline, "receive a mesh hello from", || {
             format!("a mesh hello from the connection from {from}")
         })?;
@@ -391,7 +406,49 @@ fn meet_as_peer(cfg: &MeshConfig, deadline: &Deadline, peers: &mut [Option<TcpSt
         came_from[theirs.idx()] = Some(from);
         peers[theirs.idx()] = Some(stream);
     }
+    if !go {
+        let reply = recv(&mut root, cfg.root, deadline, "receive go from the root at", || {
+            format!("go from the root at {}", cfg.root)
+        })?;
+        root_said_go(reply, cfg.root)?;
+    }
+    peers[ROOT.idx()] = Some(root);
     Ok(())
+}
+
+/// While a peer waits for the ranks above it: takes the root's `Go` if it came (`go`), and fails
+/// if the root rejected the meeting instead or closed its connection. Does not wait.
+fn watch_root(root: &mut TcpStream, addr: SocketAddr, deadline: &Deadline, go: &mut bool) -> Result<()> {
+    if *go {
+        return Ok(());
+    }
+    let op = "watch for go from the root at";
+    let io_err = |source| TransportError::Io { op, addr, source };
+    root.set_nonblocking(true).map_err(io_err)?;
+    let peeked = root.peek(&mut [0]);
+    root.set_nonblocking(false).map_err(io_err)?;
+    match peeked {
+        Ok(0) => Err(io_err(io::Error::new(io::ErrorKind::UnexpectedEof, "the root closed the connection"))),
+        Ok(_) => {
+            let reply = recv(root, addr, deadline, "receive go from the root at", || {
+                format!("go from the root at {addr}")
+            })?;
+            root_said_go(reply, addr)?;
+            *go = true;
+            Ok(())
+        }
+        Err(err) if matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => Ok(()),
+        Err(source) => Err(io_err(source)),
+    }
+}
+
+/// The root's last handshake: `Go`, or a `Reject` saying why the meeting failed.
+fn root_said_go(reply: Handshake, addr: SocketAddr) -> Result<()> {
+    match reply {
+        Handshake::Go => Ok(()),
+        Handshake::Reject { reason } => Err(TransportError::Rejected { by: ROOT, reason }),
+        other => Err(TransportError::UnexpectedMessage { got: other.kind(), expected: "Go", addr }),
+    }
 }
 
 /// Connects to the root with `connect`, retrying until the deadline while it is not listening
@@ -457,12 +514,14 @@ fn connect_once(
     }
 }
 
-/// Accepts one connection before the deadline (polling a nonblocking listener).
+/// Accepts one connection before the deadline (polling a nonblocking listener), calling `watch`
+/// between polls: its error ends the wait.
 fn accept(
     listener: &TcpListener,
     local: SocketAddr,
     deadline: &Deadline,
     waiting_for: impl Fn() -> String,
+    mut watch: impl FnMut() -> Result<()>,
 ) -> Result<(TcpStream, SocketAddr)> {
     let io_err = |source| TransportError::Io { op: "accept a connection on", addr: local, source };
     listener.set_nonblocking(true).map_err(io_err)?;
@@ -483,6 +542,7 @@ fn accept(
                     io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
                 ) =>
             {
+                watch()?;
                 let remaining = deadline.remaining(&waiting_for)?;
                 thread::sleep(ACCEPT_POLL.min(remaining));
             }
@@ -883,6 +943,35 @@ mod tests {
             matches!(&peer, TransportError::Rejected { reason, .. } if reason.starts_with("node 1: ")),
             "{peer}"
         );
+    }
+
+    /// A rank lost after its hello, when the table went to a lower rank first: the root cannot
+    /// send it the table, and the rank that has the table, waiting for the lost one to connect,
+    /// is told at once instead of waiting out the meeting.
+    #[test]
+    fn a_rank_lost_after_a_lower_one_got_the_table_fails_that_one_at_once() {
+        let (listener, root) = bind_root();
+        let t = Duration::from_secs(20);
+        let started = Instant::now();
+        let root_node = thread::spawn(move || connect_mesh(&config(3, 0, root, t), Some(listener)));
+        // Rank 2 says hello and is gone with a reset, before rank 1 joins: the root, which
+        // tables the ranks in order, sends rank 1 the table and then fails on rank 2.
+        let raw = TcpStream::connect(root).unwrap();
+        let hello =
+            Handshake::Hello { rank: NodeId(2), nprocs: 3, fingerprint: FP.to_owned(), listen_addr: root };
+        (&raw).write_all(&codec::frame(&hello).unwrap()).unwrap();
+        let linger = nix::sys::socket::sockopt::Linger;
+        nix::sys::socket::setsockopt(&raw, linger, &libc::linger { l_onoff: 1, l_linger: 0 }).unwrap();
+        drop(raw);
+        let rank_1 = thread::spawn(move || connect_mesh(&config(3, 1, root, t), None));
+        let root_err = root_node.join().unwrap().unwrap_err();
+        let peer = rank_1.join().unwrap().unwrap_err();
+        assert!(matches!(root_err, TransportError::Io { op: "send the table to", .. }), "{root_err}");
+        assert!(
+            matches!(&peer, TransportError::Rejected { reason, .. } if reason.starts_with("node 2: ")),
+            "{peer}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
     }
 
     #[test]
