@@ -74,6 +74,11 @@ pub(crate) enum Command {
         /// The view may stream (`protocol/stream.rs`).
         stream: bool,
     },
+    /// Wait for the completion of the request the application thread started itself (a view's
+    /// validation that [`Node::overwrites_locally`] said would complete there) and that asked a
+    /// peer after all, as for a command's: answered with the completion, or with the job's
+    /// failure. The simulation checks that it never happens; this keeps it sound if it does.
+    AwaitStarted,
     Stats,
     /// Stop the service thread (the application left without [`crate::Tmk::exit`], after an
     /// error or a panic, or its exit failed): tell the peers `why`, flush what is queued, notably
@@ -126,7 +131,9 @@ pub(crate) fn start(
         Command::Validate { pages, write, whole, stream } => {
             node.request_view(&pages, write, &whole, stream)?
         }
-        Command::Stats | Command::Shutdown { .. } => unreachable!("answered by the engine"),
+        Command::AwaitStarted | Command::Stats | Command::Shutdown { .. } => {
+            unreachable!("answered by the service thread itself")
+        }
     }
     Ok(None)
 }
@@ -284,7 +291,9 @@ impl Engine {
                         // Said local but asked a peer after all (the simulation checks it never
                         // does): the service thread sends the request and answers, as for a
                         // command.
-                        Some(false) => return Self::validated(Self::wait_reply(mailbox)?),
+                        Some(false) => {
+                            return Self::validated(Self::call_remote(mailbox, Command::AwaitStarted)?);
+                        }
                         None => {}
                     }
                 }

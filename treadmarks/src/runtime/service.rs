@@ -389,6 +389,16 @@ impl Service {
             self.shutdown = true;
             return;
         }
+        if let Command::AwaitStarted = cmd {
+            // Its completion may have come first, and answered the application already.
+            if self.node().app_blocked() {
+                self.app_waits(App::InCommand);
+                if let Some(why) = &self.failed {
+                    self.reply(Err(Error::Failed(why.clone())));
+                }
+            }
+            return;
+        }
         self.app_waits(App::InCommand);
         if let Some(why) = &self.failed {
             return self.reply(Err(Error::Failed(why.clone())));
@@ -554,7 +564,14 @@ impl Service {
 /// notices or leave the job (`protocol/stream.rs`). A release (and an acquire whose token is
 /// here, which the application thread runs itself) brings none.
 fn settles_first(cmd: &Command) -> bool {
-    !matches!(cmd, Command::Release(_) | Command::Validate { .. } | Command::Stats | Command::Shutdown { .. })
+    !matches!(
+        cmd,
+        Command::Release(_)
+            | Command::Validate { .. }
+            | Command::AwaitStarted
+            | Command::Stats
+            | Command::Shutdown { .. }
+    )
 }
 
 /// The application thread is blocked in a page fault, where no error can be returned.
