@@ -178,7 +178,16 @@ pub fn check_app_in_mode(exe: &str, mode: &str, slot0: u64, nodes: &[usize], arg
     }
 }
 
-/// One run of an example application, which must print `PASS` and exit 0.
+/// Whether the tests must run the userfaultfd fault backend (`TMK_REQUIRE_UFFD=1`: for hosts
+/// that have it, where skipping it would hide a broken setup): a test that would skip it fails.
+pub fn uffd_required() -> bool {
+    std::env::var("TMK_REQUIRE_UFFD").is_ok_and(|v| v == "1")
+}
+
+/// One run of an example application, which must print `PASS` and exit 0. It runs on the
+/// runtime's default fault backend (userfaultfd where it works, else mprotect), unless `env` or
+/// the test's environment names one (`TMK_FAULTS`); with [`uffd_required`], on userfaultfd,
+/// failing where the kernel lacks it.
 fn check_app_run(exe: &str, mode: &str, nprocs: usize, slot: u64, args: &[&str], env: &[(&str, &str)]) {
     let mut cmd = Command::new(exe);
     cmd.args(["-n", &nprocs.to_string(), "--mode", mode])
@@ -186,6 +195,10 @@ fn check_app_run(exe: &str, mode: &str, nprocs: usize, slot: u64, args: &[&str],
         .env("TMK_HEAP_BASE", heap_base(slot))
         .env("TMK_CONNECT_TIMEOUT", "20")
         .envs(env.iter().copied());
+    let chosen = env.iter().any(|(k, _)| *k == "TMK_FAULTS") || std::env::var_os("TMK_FAULTS").is_some();
+    if uffd_required() && !chosen {
+        cmd.env("TMK_FAULTS", "uffd");
+    }
     let out = Job::spawn(cmd).wait(Duration::from_secs(120));
     assert!(
         out.code == Some(0) && out.stdout.contains("PASS"),

@@ -278,6 +278,7 @@ const INTERNAL_NAMES: &[&str] = &[
     "TMK_MEM_TEST_CHILD",
     "TMK_BIG_HEAP_CHILD",
     "TMK_REQUIRE_NETNS",
+    "TMK_REQUIRE_UFFD",
 ];
 
 /// A warning for each `TMK_*` variable among `names` that is no setting (a typo, most likely,

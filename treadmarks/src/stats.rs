@@ -132,7 +132,7 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let p = &self.protocol;
         let (sent, received) = (self.sent(), self.received());
-        let fields: [(&str, f64); 55] = [
+        let fields: [(&str, f64); 56] = [
             ("node", f64::from(self.node.0)),
             ("nprocs", f64::from(self.nprocs)),
             ("pinned", f64::from(u8::from(self.pinned))),
@@ -160,6 +160,7 @@ impl Stats {
             ("pushes_in_place", p.pushes_in_place as f64),
             ("pushes_skipped", p.pushes_skipped as f64),
             ("intervals", p.intervals as f64),
+            ("records_sent_ahead", p.records_sent_ahead as f64),
             ("write_notices_made", p.write_notices_made as f64),
             ("lock_acquires_local", p.lock_acquires_local as f64),
             ("lock_acquires_remote", p.lock_acquires_remote as f64),

@@ -107,7 +107,12 @@ impl Tmk {
             if launch::spawned_by_launcher() { Config::from_env_and_args(Vec::new())?.0 } else { config };
         config.validate()?;
         let n = config.nprocs;
-        crate::open_files::make_room(n)?;
+        // A launcher may hold a socket for each CPU it claims for the job (`CpuClaims`).
+        let claims = match config.role {
+            Role::Launcher => crate::mem::sched::allowed_cpus().min(usize::from(n)) as u64,
+            Role::Member { .. } => 0,
+        };
+        crate::open_files::make_room(n, claims)?;
         match config.role {
             // Every node of the job starts here: their startup reserves must fit.
             Role::Launcher => config.check_startup_memory(n)?,

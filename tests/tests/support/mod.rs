@@ -24,21 +24,29 @@ pub fn testnode() -> Command {
 }
 
 /// The fault backends to test: both, or the one `TMK_FAULTS` names; userfaultfd only where the
-/// kernel offers it (otherwise the reason is printed once per call). Never empty: a backend
-/// asked for that the kernel does not offer, or a `TMK_FAULTS` naming none, panics.
+/// kernel offers it (otherwise the reason is printed once per call, or, with
+/// `TMK_REQUIRE_UFFD=1`, the test fails). Never empty: a backend asked for that the kernel does
+/// not offer, or a `TMK_FAULTS` naming none, panics.
 pub fn backends() -> Vec<&'static str> {
-    backends_for(std::env::var("TMK_FAULTS").ok().as_deref(), treadmarks::mem::uffd_support)
+    let faults = std::env::var("TMK_FAULTS").ok();
+    backends_for(faults.as_deref(), treadmarks_tests::uffd_required(), treadmarks::mem::uffd_support)
 }
 
-/// [`backends`] with `TMK_FAULTS` = `faults`, and `uffd` saying whether the kernel offers it.
+/// [`backends`] with `TMK_FAULTS` = `faults`, `TMK_REQUIRE_UFFD=1` or not, and `uffd` saying
+/// whether the kernel offers it.
 pub fn backends_for(
     faults: Option<&str>,
+    require_uffd: bool,
     uffd: impl FnOnce() -> Result<(), treadmarks::mem::UffdUnavailable>,
 ) -> Vec<&'static str> {
     match faults.unwrap_or("") {
         // Unset or empty (unset, to the runtime), or the runtime's default: both.
         "" | "auto" => match uffd() {
             Ok(()) => vec!["mprotect", "uffd"],
+            Err(u) if require_uffd => panic!(
+                "TMK_REQUIRE_UFFD=1, and this kernel does not offer the uffd fault backend: {} ({})",
+                u.why, u.fix
+            ),
             Err(u) => {
                 println!("skipping the uffd backend: {} ({})", u.why, u.fix);
                 vec!["mprotect"]

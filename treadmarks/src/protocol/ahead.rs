@@ -1,14 +1,14 @@
 //! Interval records sent ahead: a grant, arrival or release whose records are too many for one
 //! message sends their head first, in [`Message::Intervals`] parts.
 //!
-//! A lock grant carries every record the acquirer lacks, and a barrier release every record
-//! its node lacks. Between two collections that list has no bound: a node that takes a lock
-//! after hundreds of thousands of other nodes' intervals without a barrier (a lock-only
-//! program, or one that calls barriers with collection off) is owed all of them, and they did
-//! not fit the 64 MiB frame, so the job failed. Now a message whose records take more than
-//! `limits.record_bytes` ([`RECORD_BYTES`]) keeps the tail of its list that fits, and the head
-//! goes ahead of it on the same link in parts of at most that size. (The order of the list is
-//! kept but means nothing: the receiver sorts the records by node and index.)
+//! A lock grant carries every record the acquirer lacks, a barrier arrival every record of its
+//! node's since its last, and a barrier release every record its node lacks. Those lists have
+//! no bound: a node that takes a lock after hundreds of thousands of other nodes' intervals with
+//! no barrier between (a lock-only program), or a barrier after as many lock hand-offs, is owed
+//! all of them, and they did not fit the 64 MiB frame, so the job failed. Now a message whose
+//! records take more than `limits.record_bytes` ([`RECORD_BYTES`]) keeps the tail of its list
+//! that fits, and the head goes ahead of it on the same link in parts of at most that size,
+//! oldest first: the receiver gets the very list the sender had.
 //!
 //! Invariants:
 //! - the parts and their message are queued back to back for one peer, in order, and a link
@@ -17,10 +17,13 @@
 //!   message's own records, giving exactly the list the sender had cut;
 //! - every part and the records left in the message are non-empty and, but for a single record
 //!   larger than the limit, at most `limits.record_bytes` by [`record_wire_bytes`] (a bound);
-//! - a receiver holds at most its consistency limit of records sent ahead of one message: past
-//!   it the peer is refused by name (the records would be over that limit once logged anyway).
+//! - a receiver holds at most [`ahead_limit`] of records sent ahead of one message (their size in
+//!   memory, as the consistency data counts it): its consistency limit, but at least 64 MiB
+//!   (a barrier may bring more than a low limit, which only lock acquires enforce); past it
+//!   the peer is refused by name.
 
 use super::error::ProtocolError;
+use super::gc::Accounting;
 use super::ids::NodeId;
 use super::interval::IntervalRecord;
 #[cfg(doc)]
@@ -30,6 +33,12 @@ use super::msg::Message;
 /// ahead. 8 MiB: an eighth of a frame, and far more than any application in the suite sends at
 /// once (water's grants, the most, carry a few hundred bytes of records).
 pub const RECORD_BYTES: usize = 8 << 20;
+
+/// Most records (their size in memory) a node holds sent ahead of one message, given its
+/// consistency limit (see the module docs).
+pub(crate) fn ahead_limit(consistency_limit: u64) -> u64 {
+    consistency_limit.max(64 << 20)
+}
 
 /// Bytes `r` takes in a message, at most: postcard writes each integer as a varint of at most
 /// 5 bytes (3 for a node id) and each list's length before it.
@@ -71,13 +80,13 @@ pub(crate) fn cut_ahead(records: &mut Vec<IntervalRecord>, budget: usize) -> Vec
 /// Records peers sent ahead of their next grant, arrival or release, per peer.
 #[derive(Debug, Default)]
 pub(crate) struct RecordsAhead {
-    /// Per peer: its parts so far, in order, and their size ([`record_wire_bytes`]).
+    /// Per peer: its parts so far, in order, and their size in memory.
     held: Vec<(Vec<IntervalRecord>, u64)>,
 }
 
 impl RecordsAhead {
     /// Holds a part from `from`, refusing an empty one and one that would take what is held
-    /// from it past `limit` bytes.
+    /// from it past `limit` bytes (in memory, [`Accounting::record_size`]).
     pub fn hold(&mut self, from: NodeId, part: Vec<IntervalRecord>, limit: u64) -> Result<(), ProtocolError> {
         if part.is_empty() {
             return Err(ProtocolError::Unexpected { from, what: "interval records sent ahead: none".into() });
@@ -86,13 +95,13 @@ impl RecordsAhead {
             self.held.resize_with(from.idx() + 1, Default::default);
         }
         let (records, bytes) = &mut self.held[from.idx()];
-        *bytes += part.iter().map(|r| record_wire_bytes(r) as u64).sum::<u64>();
+        *bytes += part.iter().map(Accounting::record_size).sum::<u64>();
         if *bytes > limit {
             return Err(ProtocolError::Unexpected {
                 from,
                 what: format!(
-                    "{bytes} bytes of interval records sent ahead of one message, over this node's \
-                     consistency limit of {limit} (TMK_CONSISTENCY_LIMIT)"
+                    "{bytes} bytes of interval records sent ahead of one message, over the {limit} \
+                     this node holds (its TMK_CONSISTENCY_LIMIT, or 64 MiB if that is lower)"
                 ),
             });
         }
@@ -154,6 +163,12 @@ mod tests {
     }
 
     #[test]
+    fn the_bound_on_records_held_is_the_consistency_limit_but_at_least_64_mib() {
+        assert_eq!(ahead_limit(1 << 20), 64 << 20);
+        assert_eq!(ahead_limit(u64::MAX), u64::MAX);
+    }
+
+    #[test]
     fn a_list_that_fits_is_not_cut() {
         let mut recs = vec![rec(1, 2), rec(2, 2)];
         let budget = recs.iter().map(record_wire_bytes).sum();
@@ -192,7 +207,7 @@ mod tests {
         let mut ahead = RecordsAhead::default();
         let err = ahead.hold(NodeId(1), vec![], u64::MAX).unwrap_err();
         assert!(matches!(err, ProtocolError::Unexpected { from: NodeId(1), .. }), "{err}");
-        let limit = 3 * record_wire_bytes(&rec(1, 1)) as u64;
+        let limit = 3 * Accounting::record_size(&rec(1, 1));
         ahead.hold(NodeId(1), vec![rec(1, 1), rec(2, 1)], limit).unwrap();
         let err = ahead.hold(NodeId(1), vec![rec(3, 1), rec(4, 1)], limit).unwrap_err();
         assert!(err.to_string().contains("TMK_CONSISTENCY_LIMIT"), "{err}");

@@ -125,10 +125,6 @@ pub enum Message {
         heap_end: u64,
         pushed_by: Vec<NodeId>,
     },
-    /// The head of the interval records of the next `LockGrant`, `BarrierArrive` or
-    /// `BarrierRelease` its sender sends to the receiver, sent ahead when the records take more
-    /// than `limits.record_bytes` (see `ahead.rs`).
-    Intervals { intervals: Vec<IntervalRecord> },
     /// Node → barrier manager: I have validated every page I must keep (collecting barrier).
     GcDone,
     /// Barrier manager → all: everybody has validated; drop consistency data and go on.
@@ -174,6 +170,10 @@ pub enum Message {
     /// come (so that node 0 can tell, rather than wait forever, when it goes into a barrier or
     /// exit instead of sending it).
     DistributeWait { seq: u64 },
+    /// The head of the interval records of the next `LockGrant`, `BarrierArrive` or
+    /// `BarrierRelease` its sender sends to the receiver, sent ahead when the records take more
+    /// than `limits.record_bytes` (see `ahead.rs`).
+    Intervals { intervals: Vec<IntervalRecord> },
 }
 
 /// The kind of a message, for statistics.

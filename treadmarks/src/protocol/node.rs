@@ -400,7 +400,9 @@ impl<M: PageMemory> Node<M> {
                 let intervals = self.ahead.complete(from, intervals);
                 self.handle_barrier_release(from, barrier, intervals, gc, heap_end, pushed_by)
             }
-            Message::Intervals { intervals } => self.ahead.hold(from, intervals, self.cfg.consistency_limit),
+            Message::Intervals { intervals } => {
+                self.ahead.hold(from, intervals, super::ahead::ahead_limit(self.cfg.consistency_limit))
+            }
             Message::DiffRequest { asks } => {
                 self.check_request_len(from, "diff", asks.len())?;
                 for a in &asks {

@@ -468,11 +468,17 @@ fn records_sent_ahead_wait_for_their_message_and_are_bounded_by_the_consistency_
     assert_eq!((net.read(0, 1, 0), net.read(0, 2, 0)), (7, 8));
     // A peer sending records ahead past the limit.
     let rec = net.nodes[0].log().iter().next().unwrap().clone();
-    net.nodes[2].cfg.consistency_limit = 2 * super::ahead::record_wire_bytes(&rec) as u64;
-    let part = || Message::Intervals { intervals: vec![rec.clone()] };
-    net.nodes[2].handle_message(NodeId(0), part()).unwrap();
-    net.nodes[2].handle_message(NodeId(0), part()).unwrap();
-    let err = net.nodes[2].handle_message(NodeId(0), part()).unwrap_err();
+    // Past 64 MiB, though the node's limit is lower: a part of a record of 4 Mi pages (16 MiB
+    // and a bit, held) at a time, refused at the fourth.
+    let mut big = rec.clone();
+    big.pages = (0..4 << 20).map(PageIdx).collect();
+    assert!(4 * super::gc::Accounting::record_size(&big) > 64 << 20);
+    net.nodes[2].cfg.consistency_limit = 1 << 20;
+    for _ in 0..3 {
+        net.nodes[2].handle_message(NodeId(0), Message::Intervals { intervals: vec![big.clone()] }).unwrap();
+    }
+    let err =
+        net.nodes[2].handle_message(NodeId(0), Message::Intervals { intervals: vec![big] }).unwrap_err();
     assert!(err.to_string().contains("TMK_CONSISTENCY_LIMIT") && err.to_string().contains("node 0"), "{err}");
 }
 

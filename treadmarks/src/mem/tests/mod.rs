@@ -42,10 +42,13 @@ pub(super) fn map(layout: HeapLayout, backend: FaultBackend) -> Result<Arc<Heap>
 }
 
 /// Whether the userfaultfd backend can run here; if not, prints why (the uffd variant of a test
-/// is then skipped, not failed).
+/// is then skipped, not failed; with `TMK_REQUIRE_UFFD=1`, it fails).
 pub(super) fn uffd_or_skip() -> bool {
     match super::uffd_support() {
         Ok(()) => true,
+        Err(u) if std::env::var("TMK_REQUIRE_UFFD").is_ok_and(|v| v == "1") => {
+            panic!("TMK_REQUIRE_UFFD=1, and this kernel does not offer userfaultfd: {} ({})", u.why, u.fix)
+        }
         Err(u) => {
             println!("skipping the userfaultfd variant: {} ({})", u.why, u.fix);
             false
