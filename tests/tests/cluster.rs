@@ -80,6 +80,22 @@ fn a_root_node_0_cannot_listen_on_is_named() {
     assert!(out.elapsed < Duration::from_secs(10), "took {:?}", out.elapsed);
 }
 
+/// Interval records cut into parts of one record each (`TMK_TEST_RECORD_BYTES=1`), sent ahead
+/// of the grants and barrier messages that owe them: the counter still counts right, and the
+/// statistics show the parts.
+#[test]
+fn interval_records_sent_ahead_of_their_message_reach_their_node() {
+    let env = [("TMK_TEST_RECORD_BYTES", "1"), ("TMK_STATS", "1")];
+    for (backend, out) in run_with("counter", 4, 38, &env).iter() {
+        assert!(out.code == Some(0) && out.stdout.contains("PASS counter"), "{backend}: {out:#?}");
+        let parts: u64 = (out.stderr.lines())
+            .filter_map(|l| l.trim_start().strip_prefix("intervals "))
+            .filter_map(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
+            .sum();
+        assert!(parts > 0, "{backend}: no intervals message sent: {out:#?}");
+    }
+}
+
 /// A job needing more open files (a connection per peer) than its processes may have: run, the
 /// soft limit raised, when the hard limit allows (8 nodes: node 0 holds ~20 files, over a soft
 /// limit of 16); refused at once by its node count when even the hard limit is too low.

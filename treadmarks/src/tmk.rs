@@ -170,7 +170,15 @@ impl Tmk {
             lock_bundle: if n > 1 { config.lock_bundle } else { 0 },
             stream_min_pages: config.stream_min_pages,
             consistency_limit,
-            limits: Limits::default(),
+            limits: Limits {
+                // The tests cut interval records into parts of a few bytes, to run that path
+                // (`protocol/ahead.rs`) in real jobs.
+                record_bytes: std::env::var("TMK_TEST_RECORD_BYTES")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(Limits::default().record_bytes),
+                ..Limits::default()
+            },
         };
         let pages = HeapPages::claim(heap.clone()).expect("the heap was just mapped");
         let node = Node::new(node_cfg, pages);
