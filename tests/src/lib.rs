@@ -195,7 +195,10 @@ fn check_app_run(exe: &str, mode: &str, nprocs: usize, slot: u64, args: &[&str],
         .env("TMK_HEAP_BASE", heap_base(slot))
         .env("TMK_CONNECT_TIMEOUT", "20")
         .envs(env.iter().copied());
-    let chosen = env.iter().any(|(k, _)| *k == "TMK_FAULTS") || std::env::var_os("TMK_FAULTS").is_some();
+    // A backend named (not `auto`, which is whichever works).
+    let named = |v: &str| matches!(v, "uffd" | "mprotect");
+    let chosen = env.iter().any(|&(k, v)| k == "TMK_FAULTS" && named(v))
+        || std::env::var("TMK_FAULTS").is_ok_and(|v| named(&v));
     if uffd_required() && !chosen {
         cmd.env("TMK_FAULTS", "uffd");
     }

@@ -5,10 +5,10 @@
 //!
 //! [`run`] and [`run_with`] run a scenario once per fault backend (`TMK_FAULTS=mprotect`, then
 //! `TMK_FAULTS=uffd`), so every cluster test covers both. The userfaultfd run is skipped, with the
-//! reason printed, where the kernel does not offer it. Setting `TMK_FAULTS=mprotect` or
-//! `TMK_FAULTS=uffd` in the test environment runs only that backend; asked for and not offered by
-//! the kernel, it fails every test that runs jobs, naming it, rather than letting them pass with
-//! no run.
+//! reason printed, where the kernel does not offer it (a failure with `TMK_REQUIRE_UFFD=1`).
+//! Setting `TMK_FAULTS=mprotect` or `TMK_FAULTS=uffd` in the test environment runs only that
+//! backend; asked for and not offered by the kernel, it fails every test that runs jobs, naming
+//! it, rather than letting them pass with no run.
 
 #![allow(dead_code)]
 

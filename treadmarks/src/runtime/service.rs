@@ -80,6 +80,10 @@ struct Service {
     /// A synchronization waiting for the pages of streaming views to arrive first
     /// (`protocol/stream.rs`): started once the node has settled.
     after_settle: Option<Command>,
+    /// Completions handed to the application while it ran (of requests its own thread started
+    /// and that asked a peer after all) whose `Command::AwaitStarted` has not come yet: that
+    /// command is then answered already.
+    answered_unasked: u32,
 }
 
 /// Starts the service thread for `node` over `mesh` (real-time if `service_rt` and allowed);
@@ -141,6 +145,7 @@ pub(crate) fn spawn(
                         app: App::Running,
                         failed: None,
                         exiting: false,
+                        answered_unasked: 0,
                         exited: false,
                         shutdown: false,
                         gc_started: None,
@@ -390,12 +395,15 @@ impl Service {
             return;
         }
         if let Command::AwaitStarted = cmd {
-            // Its completion may have come first, and answered the application already.
-            if self.node().app_blocked() {
-                self.app_waits(App::InCommand);
-                if let Some(why) = &self.failed {
-                    self.reply(Err(Error::Failed(why.clone())));
-                }
+            // Its completion may have come first, and answered the application already; if not,
+            // it answers now (the job failed: a completion is no longer handed over) or later.
+            if self.answered_unasked > 0 {
+                self.answered_unasked -= 1;
+                return;
+            }
+            self.app_waits(App::InCommand);
+            if let Some(why) = &self.failed {
+                self.reply(Err(Error::Failed(why.clone())));
             }
             return;
         }
@@ -521,7 +529,14 @@ impl Service {
                     let s = self.snapshot_of(node);
                     self.reply(Ok(Reply::Exited(Box::new(s))));
                 }
-                other => self.reply(Ok(Reply::Done(other))),
+                other => {
+                    // While the application runs, only a request its own thread started completes
+                    // (`Command::AwaitStarted`).
+                    if matches!(self.app, App::Running) {
+                        self.answered_unasked += 1;
+                    }
+                    self.reply(Ok(Reply::Done(other)))
+                }
             }
         }
         started

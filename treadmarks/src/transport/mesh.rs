@@ -13,10 +13,10 @@
 //!    bad: Reject { reason } ──────────► every connected peer; both sides return an error
 //!  all in: Table { addrs } ───────────► every peer (addrs[j] = where rank j listens)
 //!                                       connect to every 0 < j < i, send MeshHello { rank: i }
-//!  all tables sent: Go ───────────────► every peer
-//!                                       accept from every j > i, check its MeshHello, watching
-//!                                       the root's connection for Go (or Reject, or its close)
-//!                                       until Go comes
+//!                                       accept from every j > i, check its MeshHello (watching
+//!                                       the root's connection for a Reject, or its close)
+//!  every peer Ready ◄──────────────────  Ready
+//!  then: Go ──────────────────────────► every peer, which returns once it comes
 //! ```
 //!
 //! The connection to the root is the link to node 0. Handshake messages travel in
@@ -28,10 +28,12 @@
 //!   we were waiting for;
 //! - on success `peers[j]` is `Some` exactly for `j != rank`, every stream has `TCP_NODELAY` set,
 //!   is blocking and has no read or write timeout;
-//! - when the root fails the meeting it tells every peer it has heard from why (a `Reject`), so no
-//!   peer is left waiting for a table that will not come, nor, if it had the table, for a rank
-//!   that will not connect: a peer reads nothing from the root but handshakes before `Go` (the
-//!   root starts its node only once every peer has been sent `Go`), so it can watch for a
+//! - when the root fails the meeting it tells every peer it has heard from, and not sent `Go`,
+//!   why (a `Reject`), so no peer is left waiting for a table that will not come, nor for a rank
+//!   that will not connect to it: the root watches every peer's connection until all are
+//!   `Ready`, and a peer that closes it (it failed, died or was killed) or says anything else
+//!   fails the meeting at once. A peer reads nothing from the root but handshakes before `Go`
+//!   (the root starts its node only once every peer has been sent `Go`), so it can watch for a
 //!   `Reject` while it waits for the ranks above it.
 //!
 //! This module does not own the streams after the meeting: [`link`](super::link) takes them over.
@@ -96,8 +98,10 @@ enum Handshake {
     Reject { reason: String },
     /// Rank i to rank j < i, on the connection it opened to j.
     MeshHello { rank: NodeId },
-    /// The root to everyone, once every peer has been sent the table: the root's part of the
-    /// meeting succeeded, and what comes after on its connection is the job's.
+    /// Rank i to the root: I am connected to every other rank.
+    Ready,
+    /// The root to everyone, once every peer is `Ready`: the meeting succeeded, and what comes
+    /// after on its connection is the job's.
     Go,
 }
 
@@ -108,6 +112,7 @@ impl Handshake {
             Handshake::Table { .. } => "Table",
             Handshake::Reject { .. } => "Reject",
             Handshake::MeshHello { .. } => "MeshHello",
+            Handshake::Ready => "Ready",
             Handshake::Go => "Go",
         }
     }
@@ -218,23 +223,95 @@ fn meet_as_root(
     );
     let mut joined: Vec<Joined> =
         joined.into_iter().skip(1).map(|j| j.expect("gather_hellos fills every rank but 0")).collect();
-    for (msg, op) in [(Handshake::Table { addrs }, "send the table to"), (Handshake::Go, "send go to")] {
-        if let Some((i, err)) = (joined.iter_mut().enumerate())
-            .find_map(|(i, j)| send(&mut j.stream, j.from, &msg, deadline, op).err().map(|e| (i, e)))
-        {
-            // Every other rank is told why: those still to be sent the table that it will not
-            // come, those that have it that the rank will not connect.
+    let table = Handshake::Table { addrs };
+    let failed = (joined.iter_mut().enumerate())
+        .find_map(|(i, j)| {
+            send(&mut j.stream, j.from, &table, deadline, "send the table to").err().map(|e| (i, e))
+        })
+        .or_else(|| gather_ready(&mut joined, deadline).err());
+    if let Some((i, err)) = failed {
+        // Every other rank is told why: those still to be sent the table that it will not come,
+        // those that have it that the rank will not connect to them.
+        let reason = format!("node {}: {err}", i + 1);
+        for (_, j) in joined.into_iter().enumerate().filter(|&(k, _)| k != i) {
+            reject(j.stream, j.from, &reason);
+        }
+        return Err(err);
+    }
+    let mut joined = joined.into_iter().enumerate();
+    while let Some((i, mut j)) = joined.next() {
+        if let Err(err) = send(&mut j.stream, j.from, &Handshake::Go, deadline, "send go to") {
+            // Those sent Go already run their nodes, and will find this one's connection
+            // closed; those still waiting for it are told why.
             let reason = format!("node {}: {err}", i + 1);
-            for (_, j) in joined.into_iter().enumerate().filter(|&(k, _)| k != i) {
+            for (_, j) in joined {
                 reject(j.stream, j.from, &reason);
             }
             return Err(err);
         }
-    }
-    for (rank, j) in joined.into_iter().enumerate() {
-        peers[rank + 1] = Some(j.stream);
+        peers[i + 1] = Some(j.stream);
     }
     Ok(())
+}
+
+/// Waits until every peer of `joined` (rank `i + 1` at `i`) said it is `Ready`, watching all
+/// their connections at once. On error, also returns the index of the peer that caused it (the
+/// first still missing on a timeout).
+fn gather_ready(
+    joined: &mut [Joined],
+    deadline: &Deadline,
+) -> std::result::Result<(), (usize, TransportError)> {
+    let mut ready = vec![false; joined.len()];
+    loop {
+        for (i, j) in joined.iter_mut().enumerate() {
+            if ready[i] {
+                continue;
+            }
+            match poll_handshake(&mut j.stream, j.from, deadline, "receive ready from") {
+                Ok(None) => {}
+                Ok(Some(Handshake::Ready)) => ready[i] = true,
+                Ok(Some(other)) => {
+                    let err = TransportError::UnexpectedMessage {
+                        got: other.kind(),
+                        expected: "Ready",
+                        addr: j.from,
+                    };
+                    return Err((i, err));
+                }
+                Err(err) => return Err((i, err)),
+            }
+        }
+        let Some(first) = ready.iter().position(|r| !r) else { return Ok(()) };
+        let waiting_for = || {
+            let missing: Vec<NodeId> = (ready.iter().enumerate())
+                .filter(|&(_, r)| !r)
+                .map(|(i, _)| NodeId(u16::try_from(i + 1).expect("ranks fit in u16")))
+                .collect();
+            format!("{} to say it is connected to every other node", rank_list(&missing))
+        };
+        let remaining = deadline.remaining(waiting_for).map_err(|e| (first, e))?;
+        thread::sleep(ACCEPT_POLL.min(remaining));
+    }
+}
+
+/// The next handshake on `stream` if one has begun to arrive, without waiting for one to begin;
+/// a connection closed meanwhile is an error.
+fn poll_handshake(
+    stream: &mut TcpStream,
+    addr: SocketAddr,
+    deadline: &Deadline,
+    op: &'static str,
+) -> Result<Option<Handshake>> {
+    let io_err = |source| TransportError::Io { op, addr, source };
+    stream.set_nonblocking(true).map_err(io_err)?;
+    let peeked = stream.peek(&mut [0]);
+    stream.set_nonblocking(false).map_err(io_err)?;
+    match peeked {
+        Ok(0) => Err(io_err(io::Error::new(io::ErrorKind::UnexpectedEof, "the peer closed the connection"))),
+        Ok(_) => recv(stream, addr, deadline, op, || format!("the rest of a message from {addr}")).map(Some),
+        Err(err) if matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => Ok(None),
+        Err(source) => Err(io_err(source)),
+    }
 }
 
 /// Accepts and checks a Hello from every rank but 0. On error, also returns the connection that
@@ -371,7 +448,6 @@ fn meet_as_peer(cfg: &MeshConfig, deadline: &Deadline, peers: &mut [Option<TcpSt
     // Higher ranks connect to us; where each connection came from, for a rank announced twice.
     let higher = cfg.nprocs - rank.0 - 1;
     let mut came_from: Vec<Option<SocketAddr>> = vec![None; usize::from(cfg.nprocs)];
-    let mut go = false;
     for count in 0..higher {
         let waiting_for = || {
             let missing: Vec<NodeId> =
@@ -381,7 +457,16 @@ fn meet_as_peer(cfg: &MeshConfig, deadline: &Deadline, peers: &mut [Option<TcpSt
                 rank_list(&missing)
             )
         };
-        let watch = || watch_root(&mut root, cfg.root, deadline, &mut go);
+        // The root rejects the meeting if a rank fails meanwhile: one that will not come.
+        let watch = || match poll_handshake(&mut root, cfg.root, deadline, "receive from the root at")? {
+            None => Ok(()),
+            Some(Handshake::Reject { reason }) => Err(TransportError::Rejected { by: ROOT, reason }),
+            Some(other) => Err(TransportError::UnexpectedMessage {
+                got: other.kind(),
+                expected: "Reject",
+                addr: cfg.root,
+            }),
+        };
         let (mut stream, from) = accept(&listener, listen_addr, deadline, waiting_for, watch)?;
         let msg = recv(&mut stream, from, deadline, "receive a mesh hello from", || {
             format!("a mesh hello from the connection from {from}")
@@ -406,40 +491,13 @@ fn meet_as_peer(cfg: &MeshConfig, deadline: &Deadline, peers: &mut [Option<TcpSt
         came_from[theirs.idx()] = Some(from);
         peers[theirs.idx()] = Some(stream);
     }
-    if !go {
-        let reply = recv(&mut root, cfg.root, deadline, "receive go from the root at", || {
-            format!("go from the root at {}", cfg.root)
-        })?;
-        root_said_go(reply, cfg.root)?;
-    }
+    send(&mut root, cfg.root, &Handshake::Ready, deadline, "send ready to the root at")?;
+    let reply = recv(&mut root, cfg.root, deadline, "receive go from the root at", || {
+        format!("go from the root at {} (every other node to be connected)", cfg.root)
+    })?;
+    root_said_go(reply, cfg.root)?;
     peers[ROOT.idx()] = Some(root);
     Ok(())
-}
-
-/// While a peer waits for the ranks above it: takes the root's `Go` if it came (`go`), and fails
-/// if the root rejected the meeting instead or closed its connection. Does not wait.
-fn watch_root(root: &mut TcpStream, addr: SocketAddr, deadline: &Deadline, go: &mut bool) -> Result<()> {
-    if *go {
-        return Ok(());
-    }
-    let op = "watch for go from the root at";
-    let io_err = |source| TransportError::Io { op, addr, source };
-    root.set_nonblocking(true).map_err(io_err)?;
-    let peeked = root.peek(&mut [0]);
-    root.set_nonblocking(false).map_err(io_err)?;
-    match peeked {
-        Ok(0) => Err(io_err(io::Error::new(io::ErrorKind::UnexpectedEof, "the root closed the connection"))),
-        Ok(_) => {
-            let reply = recv(root, addr, deadline, "receive go from the root at", || {
-                format!("go from the root at {addr}")
-            })?;
-            root_said_go(reply, addr)?;
-            *go = true;
-            Ok(())
-        }
-        Err(err) if matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => Ok(()),
-        Err(source) => Err(io_err(source)),
-    }
 }
 
 /// The root's last handshake: `Go`, or a `Reject` saying why the meeting failed.
@@ -945,33 +1003,50 @@ mod tests {
         );
     }
 
-    /// A rank lost after its hello, when the table went to a lower rank first: the root cannot
-    /// send it the table, and the rank that has the table, waiting for the lost one to connect,
-    /// is told at once instead of waiting out the meeting.
+    /// A rank lost after its hello, with a reset or closing in order (as a process that exits or
+    /// is killed does): the root cannot send it the table, or hears nothing but the close where
+    /// its `Ready` should come, and the rank that has the table, waiting for the lost one to
+    /// connect, is told at once instead of waiting out the meeting.
     #[test]
-    fn a_rank_lost_after_a_lower_one_got_the_table_fails_that_one_at_once() {
-        let (listener, root) = bind_root();
-        let t = Duration::from_secs(20);
-        let started = Instant::now();
-        let root_node = thread::spawn(move || connect_mesh(&config(3, 0, root, t), Some(listener)));
-        // Rank 2 says hello and is gone with a reset, before rank 1 joins: the root, which
-        // tables the ranks in order, sends rank 1 the table and then fails on rank 2.
-        let raw = TcpStream::connect(root).unwrap();
-        let hello =
-            Handshake::Hello { rank: NodeId(2), nprocs: 3, fingerprint: FP.to_owned(), listen_addr: root };
-        (&raw).write_all(&codec::frame(&hello).unwrap()).unwrap();
-        let linger = nix::sys::socket::sockopt::Linger;
-        nix::sys::socket::setsockopt(&raw, linger, &libc::linger { l_onoff: 1, l_linger: 0 }).unwrap();
-        drop(raw);
-        let rank_1 = thread::spawn(move || connect_mesh(&config(3, 1, root, t), None));
-        let root_err = root_node.join().unwrap().unwrap_err();
-        let peer = rank_1.join().unwrap().unwrap_err();
-        assert!(matches!(root_err, TransportError::Io { op: "send the table to", .. }), "{root_err}");
-        assert!(
-            matches!(&peer, TransportError::Rejected { reason, .. } if reason.starts_with("node 2: ")),
-            "{peer}"
-        );
-        assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
+    fn a_rank_lost_after_its_hello_fails_the_ranks_that_got_the_table_at_once() {
+        for reset in [true, false] {
+            let (listener, root) = bind_root();
+            let t = Duration::from_secs(20);
+            let started = Instant::now();
+            let root_node = thread::spawn(move || connect_mesh(&config(3, 0, root, t), Some(listener)));
+            // Rank 2 says hello and is gone, before rank 1 joins: the root tables rank 1 only
+            // once rank 2 is gone.
+            let raw = TcpStream::connect(root).unwrap();
+            let hello = Handshake::Hello {
+                rank: NodeId(2),
+                nprocs: 3,
+                fingerprint: FP.to_owned(),
+                listen_addr: root,
+            };
+            (&raw).write_all(&codec::frame(&hello).unwrap()).unwrap();
+            if reset {
+                let linger = nix::sys::socket::sockopt::Linger;
+                nix::sys::socket::setsockopt(&raw, linger, &libc::linger { l_onoff: 1, l_linger: 0 })
+                    .unwrap();
+            }
+            drop(raw);
+            let rank_1 = thread::spawn(move || connect_mesh(&config(3, 1, root, t), None));
+            let root_err = root_node.join().unwrap().unwrap_err();
+            let peer = rank_1.join().unwrap().unwrap_err();
+            assert!(
+                matches!(root_err, TransportError::Io { op: "send the table to" | "receive ready from", .. }),
+                "reset {reset}: {root_err}"
+            );
+            assert!(
+                matches!(&peer, TransportError::Rejected { reason, .. } if reason.starts_with("node 2: ")),
+                "reset {reset}: {peer}"
+            );
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "reset {reset}: took {:?}",
+                started.elapsed()
+            );
+        }
     }
 
     #[test]
