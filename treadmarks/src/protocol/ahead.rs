@@ -13,11 +13,11 @@
 //! Invariants:
 //! - the parts and their message are queued back to back for one peer, in order, and a link
 //!   delivers in order, so a peer's parts belong to the next grant, arrival or release it
-//!   sends; the receiver holds them ([`RecordsAhead`]) and puts them in front of that
+//!   sends; the receiver holds them (`RecordsAhead`) and puts them in front of that
 //!   message's own records, giving exactly the list the sender had cut;
 //! - every part and the records left in the message are non-empty and, but for a single record
-//!   larger than the limit, at most `limits.record_bytes` by [`record_wire_bytes`] (a bound);
-//! - a receiver holds at most [`ahead_limit`] of records sent ahead of one message (their size in
+//!   larger than the limit, at most `limits.record_bytes` by `record_wire_bytes` (a bound);
+//! - a receiver holds at most `ahead_limit` of records sent ahead of one message (their size in
 //!   memory, as the consistency data counts it): its consistency limit, but at least 64 MiB
 //!   (a barrier may bring more than a low limit, which only lock acquires enforce); past it
 //!   the peer is refused by name.
@@ -29,7 +29,7 @@ use super::interval::IntervalRecord;
 #[cfg(doc)]
 use super::msg::Message;
 
-/// Most bytes of interval records one message carries ([`record_wire_bytes`]); the rest goes
+/// Most bytes of interval records one message carries (`record_wire_bytes`); the rest goes
 /// ahead. 8 MiB: an eighth of a frame, and far more than any application in the suite sends at
 /// once (water's grants, the most, carry a few hundred bytes of records).
 pub const RECORD_BYTES: usize = 8 << 20;
