@@ -17,10 +17,9 @@
 //!   message's own records, giving exactly the list the sender had cut;
 //! - every part and the records left in the message are non-empty and, but for a single record
 //!   larger than the limit, at most `limits.record_bytes` by `record_wire_bytes` (a bound);
-//! - a receiver holds at most `ahead_limit` of records sent ahead of one message (their size in
-//!   memory, as the consistency data counts it): its consistency limit, but at least 64 MiB
-//!   (a barrier may bring more than a low limit, which only lock acquires enforce); past it
-//!   the peer is refused by name.
+//! - a receiver holds at most [`Accounting::parts_limit`] of records sent ahead of one message
+//!   (their size in memory, as the consistency data counts it); past it the peer is refused by
+//!   name.
 
 use super::error::ProtocolError;
 use super::gc::Accounting;
@@ -33,12 +32,6 @@ use super::msg::Message;
 /// ahead. 8 MiB: an eighth of a frame, and far more than any application in the suite sends at
 /// once (water's grants, the most, carry a few hundred bytes of records).
 pub const RECORD_BYTES: usize = 8 << 20;
-
-/// Most records (their size in memory) a node holds sent ahead of one message, given its
-/// consistency limit (see the module docs).
-pub(crate) fn ahead_limit(consistency_limit: u64) -> u64 {
-    consistency_limit.max(64 << 20)
-}
 
 /// Bytes `r` takes in a message, at most: postcard writes each integer as a varint of at most
 /// 5 bytes (3 for a node id) and each list's length before it.
@@ -165,8 +158,8 @@ mod tests {
 
     #[test]
     fn the_bound_on_records_held_is_the_consistency_limit_but_at_least_64_mib() {
-        assert_eq!(ahead_limit(1 << 20), 64 << 20);
-        assert_eq!(ahead_limit(u64::MAX), u64::MAX);
+        assert_eq!(Accounting::parts_limit(1 << 20), 64 << 20);
+        assert_eq!(Accounting::parts_limit(u64::MAX), u64::MAX);
     }
 
     #[test]

@@ -401,7 +401,7 @@ impl<M: PageMemory> Node<M> {
                 self.handle_barrier_release(from, barrier, intervals, gc, heap_end, pushed_by)
             }
             Message::Intervals { intervals } => {
-                self.ahead.hold(from, intervals, super::ahead::ahead_limit(self.cfg.consistency_limit))
+                self.ahead.hold(from, intervals, Accounting::parts_limit(self.cfg.consistency_limit))
             }
             Message::DiffRequest { asks } => {
                 self.check_request_len(from, "diff", asks.len())?;

@@ -258,6 +258,8 @@ pub(crate) struct Miss {
     /// nothing per page.
     pub asked: SmallVec<[(NodeId, IntervalIdx, bool); 2]>,
     pub diffs: SmallVec<[(NodeId, DiffWire); 1]>,
+    /// Encoded bytes of `diffs` (bounded: [`super::gc::Accounting::parts_limit`]).
+    pub diff_bytes: u64,
     /// The node asked for a whole copy (the page was dropped by a collection), and the copy
     /// with what it holds of each writer's diffs ([`PageCopy::holds`]).
     pub base: Option<(NodeId, Option<BaseCopy>)>,
@@ -701,7 +703,8 @@ impl<M: PageMemory> Node<M> {
         let mut asks: Vec<Vec<DiffAsk>> = vec![Vec::new(); n];
         let mut copies: Vec<Vec<PageIdx>> = vec![Vec::new(); n];
         for &p in pages {
-            let (mut asked, mut diffs) = (SmallVec::new(), SmallVec::new());
+            let (mut asked, mut diffs): (_, SmallVec<[(NodeId, DiffWire); 1]>) =
+                (SmallVec::new(), SmallVec::new());
             for (w, asks_w) in asks.iter_mut().enumerate() {
                 // (Read in place: a list of the stale writers would be an allocation a page.)
                 let Some(&st) = self.pages[p.idx()].writers.get(w) else { break };
@@ -726,7 +729,8 @@ impl<M: PageMemory> Node<M> {
             });
             let streamed = purpose == MissFor::Stream;
             self.stream.in_flight += usize::from(streamed);
-            self.misses.insert(p, Miss { write, purpose, streamed, asked, diffs, base });
+            let diff_bytes = diffs.iter().map(|(_, d)| d.diff.encoded_len() as u64).sum();
+            self.misses.insert(p, Miss { write, purpose, streamed, asked, diffs, diff_bytes, base });
         }
         // One request per writer, split into requests of at most `pages_per_request` pages (a
         // server refuses more; a reply larger than `reply_bytes` comes in parts), and ramped so
@@ -965,6 +969,18 @@ impl<M: PageMemory> Node<M> {
         let Some(miss) = slot else {
             return Err(ProtocolError::Unexpected { from, what: format!("diff reply for {p}") });
         };
+        miss.diff_bytes += diffs.iter().map(|d| d.diff.encoded_len() as u64).sum::<u64>();
+        let limit = super::gc::Accounting::parts_limit(self.cfg.consistency_limit);
+        if miss.diff_bytes > limit {
+            return Err(ProtocolError::Unexpected {
+                from,
+                what: format!(
+                    "{} bytes of diffs of {p} for one miss, over the {limit} this node holds (its \
+                     TMK_CONSISTENCY_LIMIT, or 64 MiB if that is lower)",
+                    miss.diff_bytes
+                ),
+            });
+        }
         miss.diffs.extend(diffs.into_iter().map(|d| (from, d)));
         if !last {
             return Ok(());

@@ -718,6 +718,31 @@ fn a_token_goes_to_the_node_that_takes_it_sooner() {
     }
 }
 
+/// A writer that keeps a miss waiting with reply after `continued` reply is refused once the
+/// diffs held for the miss pass 64 MiB (the node's consistency limit, lower, does not count):
+/// it had grown the node's memory without end.
+#[test]
+fn endless_continued_replies_are_refused_past_the_bound() {
+    let mut net = Net::new(2);
+    net.write(0, 1, 0, 7);
+    net.barrier();
+    net.nodes[1].cfg.consistency_limit = 1 << 20;
+    net.nodes[1].handle_fault(PageIdx(1), false).unwrap();
+    while net.nodes[1].poll_transmit().is_some() {}
+    // One diff of 1 MiB (never applied: the miss never completes), sent again and again.
+    let big = Diff::whole(&vec![0; 1 << 20]);
+    let part = || {
+        let mut diffs = DiffList::new();
+        diffs.push(DiffWire { seq: 1, first_vt: VectorTime::from_entries(vec![1, 0]), diff: big.clone() });
+        Message::DiffReply { pages: vec![PageDiffs { page: PageIdx(1), diffs }], continued: true }
+    };
+    for k in 0..63 {
+        net.nodes[1].handle_message(NodeId(0), part()).unwrap_or_else(|e| panic!("part {k}: {e}"));
+    }
+    let err = net.nodes[1].handle_message(NodeId(0), part()).unwrap_err();
+    assert!(err.to_string().contains("TMK_CONSISTENCY_LIMIT") && err.to_string().contains("node 0"), "{err}");
+}
+
 #[test]
 fn bad_input_from_a_peer_is_an_error_not_a_panic() {
     let mut net = Net::new(2);
