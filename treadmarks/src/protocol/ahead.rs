@@ -95,7 +95,7 @@ impl RecordsAhead {
                 from,
                 what: format!(
                     "{bytes} bytes of interval records sent ahead of one message, over the {limit} \
-                     this node holds (its TMK_CONSISTENCY_LIMIT, or 64 MiB if that is lower)"
+                     this node holds (its TMK_CONSISTENCY_LIMIT, but at least 64 MiB)"
                 ),
             });
         }

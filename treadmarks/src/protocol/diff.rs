@@ -402,6 +402,12 @@ impl Diff {
         })
     }
 
+    /// This diff in an allocation of its own, if it is part of a larger buffer (the frame it
+    /// arrived in), which it would otherwise keep alive.
+    pub(crate) fn detached(self) -> Diff {
+        if self.0.owner_len() > self.0.len() { Diff(SharedBytes::copy_of(&self.0)) } else { self }
+    }
+
     /// True if the diff changes nothing.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()

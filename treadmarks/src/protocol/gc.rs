@@ -50,11 +50,12 @@ impl Accounting {
         (size_of::<IntervalRecord>() + 4 * (r.vt.len() + r.pages.len() + r.locks.len())) as u64
     }
 
-    /// Most a node holds of what one peer sends in parts before the parts are used: interval
-    /// records sent ahead of a message (`ahead.rs`), or a miss's diffs in continued replies.
-    /// Its consistency limit, but at least 64 MiB: a barrier may bring more than a low limit,
-    /// which only lock acquires enforce. A peer past it is refused by name, rather than
-    /// growing this node's memory without end.
+    /// Most memory a node gives one kind of part a peer sends before the parts are used:
+    /// interval records sent ahead of one message (`ahead.rs`), or the diffs of a peer's
+    /// `continued` replies over all unfinished misses (`Node::held_continued`). The node's
+    /// consistency limit, but at least 64 MiB: a barrier may bring more than a low limit, which
+    /// only lock acquires enforce. A peer past it is refused by name, rather than growing this
+    /// node's memory without end.
     pub fn parts_limit(consistency_limit: u64) -> u64 {
         consistency_limit.max(64 << 20)
     }

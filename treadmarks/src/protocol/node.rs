@@ -216,6 +216,9 @@ pub struct Node<M> {
     pub(crate) warnings: VecDeque<String>,
     /// Interval records peers sent ahead of their next grant, arrival or release.
     pub(crate) ahead: RecordsAhead,
+    /// Per peer, the memory the diffs of its `continued` replies take in misses not finished
+    /// (bounded by [`Accounting::parts_limit`]; `Miss::continued` says which).
+    pub(crate) held_continued: Vec<u64>,
     pub(crate) outbox: VecDeque<(NodeId, Message)>,
     pub(crate) done: VecDeque<AppDone>,
     pub(crate) stats: ProtocolStats,
@@ -266,6 +269,7 @@ impl<M: PageMemory> Node<M> {
             gc_warned_at: 0,
             warnings: VecDeque::new(),
             ahead: RecordsAhead::default(),
+            held_continued: vec![0; n],
             outbox: VecDeque::new(),
             done: VecDeque::new(),
             stats: ProtocolStats::default(),

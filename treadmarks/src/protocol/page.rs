@@ -85,6 +85,11 @@ pub(crate) fn wire_bytes<'a>(pages: impl IntoIterator<Item = &'a DiffList>) -> u
     pages.into_iter().flatten().map(|d| d.diff.encoded_len() + wire_overhead(d)).sum()
 }
 
+/// Memory a received diff takes while a miss holds it: its bytes, its entry and its timestamp.
+fn held_size(d: &DiffWire) -> u64 {
+    (d.diff.encoded_len() + size_of::<(NodeId, DiffWire)>() + 4 * d.first_vt.len()) as u64
+}
+
 /// A reply's pages cut into replies of at most `budget` diff bytes each (but at least one diff
 /// each), with whether each reply's last page goes on in the next (`continued`). A page's diffs
 /// stay in their order, and the replies in theirs; the requester completes a page once its
@@ -258,8 +263,9 @@ pub(crate) struct Miss {
     /// nothing per page.
     pub asked: SmallVec<[(NodeId, IntervalIdx, bool); 2]>,
     pub diffs: SmallVec<[(NodeId, DiffWire); 1]>,
-    /// Encoded bytes of `diffs` (bounded: [`super::gc::Accounting::parts_limit`]).
-    pub diff_bytes: u64,
+    /// Per writer, the memory that the diffs of its `continued` replies take in `diffs`
+    /// (`Node::held_continued`, which bounds it).
+    pub continued: SmallVec<[(NodeId, u64); 1]>,
     /// The node asked for a whole copy (the page was dropped by a collection), and the copy
     /// with what it holds of each writer's diffs ([`PageCopy::holds`]).
     pub base: Option<(NodeId, Option<BaseCopy>)>,
@@ -703,8 +709,7 @@ impl<M: PageMemory> Node<M> {
         let mut asks: Vec<Vec<DiffAsk>> = vec![Vec::new(); n];
         let mut copies: Vec<Vec<PageIdx>> = vec![Vec::new(); n];
         for &p in pages {
-            let (mut asked, mut diffs): (_, SmallVec<[(NodeId, DiffWire); 1]>) =
-                (SmallVec::new(), SmallVec::new());
+            let (mut asked, mut diffs) = (SmallVec::new(), SmallVec::new());
             for (w, asks_w) in asks.iter_mut().enumerate() {
                 // (Read in place: a list of the stale writers would be an allocation a page.)
                 let Some(&st) = self.pages[p.idx()].writers.get(w) else { break };
@@ -729,8 +734,8 @@ impl<M: PageMemory> Node<M> {
             });
             let streamed = purpose == MissFor::Stream;
             self.stream.in_flight += usize::from(streamed);
-            let diff_bytes = diffs.iter().map(|(_, d)| d.diff.encoded_len() as u64).sum();
-            self.misses.insert(p, Miss { write, purpose, streamed, asked, diffs, diff_bytes, base });
+            let continued = SmallVec::new();
+            self.misses.insert(p, Miss { write, purpose, streamed, asked, diffs, continued, base });
         }
         // One request per writer, split into requests of at most `pages_per_request` pages (a
         // server refuses more; a reply larger than `reply_bytes` comes in parts), and ramped so
@@ -969,19 +974,42 @@ impl<M: PageMemory> Node<M> {
         let Some(miss) = slot else {
             return Err(ProtocolError::Unexpected { from, what: format!("diff reply for {p}") });
         };
-        miss.diff_bytes += diffs.iter().map(|d| d.diff.encoded_len() as u64).sum::<u64>();
-        let limit = super::gc::Accounting::parts_limit(self.cfg.consistency_limit);
-        if miss.diff_bytes > limit {
-            return Err(ProtocolError::Unexpected {
-                from,
-                what: format!(
-                    "{} bytes of diffs of {p} for one miss, over the {limit} this node holds (its \
-                     TMK_CONSISTENCY_LIMIT, or 64 MiB if that is lower)",
-                    miss.diff_bytes
-                ),
-            });
+        // A writer's diffs of a page come in the order it made them, each once, whatever the
+        // number of replies they come in.
+        let mut prev = miss.diffs.iter().rev().find(|(n, _)| *n == from).map(|(_, d)| d.seq);
+        for d in &diffs {
+            if let Some(before) = prev.filter(|&s| d.seq <= s) {
+                return Err(ProtocolError::Unexpected {
+                    from,
+                    what: format!("diff {} of {p} after its diff {before}", d.seq),
+                });
+            }
+            prev = Some(d.seq);
         }
-        miss.diffs.extend(diffs.into_iter().map(|d| (from, d)));
+        if last {
+            miss.diffs.extend(diffs.into_iter().map(|d| (from, d)));
+        } else {
+            // Held past its message, for as many replies as the writer sends: out of the frame
+            // it came in (a small diff would keep a whole frame alive), and counted.
+            let bytes: u64 = diffs.iter().map(held_size).sum();
+            match miss.continued.iter_mut().find(|(n, _)| *n == from) {
+                Some((_, b)) => *b += bytes,
+                None => miss.continued.push((from, bytes)),
+            }
+            miss.diffs.extend(diffs.into_iter().map(|d| (from, DiffWire { diff: d.diff.detached(), ..d })));
+            let held = &mut self.held_continued[from.idx()];
+            *held += bytes;
+            let limit = super::gc::Accounting::parts_limit(self.cfg.consistency_limit);
+            if *held > limit {
+                return Err(ProtocolError::Unexpected {
+                    from,
+                    what: format!(
+                        "{held} bytes of diffs in replies it said it would continue, over the {limit} \
+                         this node holds from a peer (its TMK_CONSISTENCY_LIMIT, but at least 64 MiB)"
+                    ),
+                });
+            }
+        }
         if !last {
             return Ok(());
         }
@@ -996,6 +1024,9 @@ impl<M: PageMemory> Node<M> {
             return Ok(());
         }
         let mut miss = self.misses.remove(&p).expect("checked");
+        for &(n, bytes) in &miss.continued {
+            self.held_continued[n.idx()] -= bytes;
+        }
         let nprocs = self.nprocs();
         if let Some((_, Some((bytes, holds)))) = miss.base.take() {
             self.mem.page_mut(p).copy_from_slice(&bytes);

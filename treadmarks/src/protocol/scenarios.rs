@@ -719,8 +719,8 @@ fn a_token_goes_to_the_node_that_takes_it_sooner() {
 }
 
 /// A writer that keeps a miss waiting with reply after `continued` reply is refused once the
-/// diffs held for the miss pass 64 MiB (the node's consistency limit, lower, does not count):
-/// it had grown the node's memory without end.
+/// diffs held from it pass 64 MiB (the node's consistency limit, lower, does not count): it had
+/// grown the node's memory without end. A diff sent twice is refused at once.
 #[test]
 fn endless_continued_replies_are_refused_past_the_bound() {
     let mut net = Net::new(2);
@@ -729,17 +729,20 @@ fn endless_continued_replies_are_refused_past_the_bound() {
     net.nodes[1].cfg.consistency_limit = 1 << 20;
     net.nodes[1].handle_fault(PageIdx(1), false).unwrap();
     while net.nodes[1].poll_transmit().is_some() {}
-    // One diff of 1 MiB (never applied: the miss never completes), sent again and again.
+    // Diffs of 1 MiB (never applied: the miss never completes), one a reply.
     let big = Diff::whole(&vec![0; 1 << 20]);
-    let part = || {
+    let part = |seq: u64| {
         let mut diffs = DiffList::new();
-        diffs.push(DiffWire { seq: 1, first_vt: VectorTime::from_entries(vec![1, 0]), diff: big.clone() });
+        diffs.push(DiffWire { seq, first_vt: VectorTime::from_entries(vec![1, 0]), diff: big.clone() });
         Message::DiffReply { pages: vec![PageDiffs { page: PageIdx(1), diffs }], continued: true }
     };
-    for k in 0..63 {
-        net.nodes[1].handle_message(NodeId(0), part()).unwrap_or_else(|e| panic!("part {k}: {e}"));
+    for seq in 1..64 {
+        net.nodes[1].handle_message(NodeId(0), part(seq)).unwrap_or_else(|e| panic!("diff {seq}: {e}"));
     }
-    let err = net.nodes[1].handle_message(NodeId(0), part()).unwrap_err();
+    assert!(net.nodes[1].held_continued[0] > 63 << 20);
+    let err = net.nodes[1].handle_message(NodeId(0), part(63)).unwrap_err();
+    assert!(err.to_string().contains("diff 63 of page 1 after its diff 63"), "{err}");
+    let err = net.nodes[1].handle_message(NodeId(0), part(64)).unwrap_err();
     assert!(err.to_string().contains("TMK_CONSISTENCY_LIMIT") && err.to_string().contains("node 0"), "{err}");
 }
 

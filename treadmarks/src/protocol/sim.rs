@@ -854,6 +854,12 @@ impl Sim {
                 "seed {}: node {i}: records sent ahead of no message",
                 self.seed
             );
+            assert!(
+                sn.node.held_continued.iter().all(|&b| b == 0),
+                "seed {}: node {i}: continued diffs counted after every miss finished: {:?}",
+                self.seed,
+                sn.node.held_continued
+            );
         }
     }
 }
