@@ -175,8 +175,8 @@ impl Timer {
         self.0.elapsed().as_secs_f64()
     }
 
-    /// Seconds since start, at the end of a DSM node's timed region (every node calls it): with
-    /// `TMK_STATS=json`, the node also prints its statistics so far as one `TMK_TIMED_STATS
+    /// Seconds since start, at the end of a DSM node's timed region. With `TMK_STATS=json` it is
+    /// a collective, which every node calls: the node also prints its statistics so far as one `TMK_TIMED_STATS
     /// {...}` line on standard error: its traffic up to the timer's end, the check after the
     /// timed region left out (the setup before it stays in: a barrier, a distribute and the
     /// input's first writes); what `tmk-bench` reports. Then it waits at a barrier, so that no
