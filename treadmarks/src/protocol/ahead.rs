@@ -17,9 +17,9 @@
 //!   message's own records, giving exactly the list the sender had cut;
 //! - every part and the records left in the message are non-empty and, but for a single record
 //!   larger than the limit, at most `limits.record_bytes` by `record_wire_bytes` (a bound);
-//! - a receiver holds at most [`Accounting::parts_limit`] of records sent ahead of one message
-//!   (their size in memory, as the consistency data counts it); past it the peer is refused by
-//!   name.
+//! - a receiver holds at most [`Accounting::parts_limit`] per node of the job of records sent
+//!   ahead of one message (their size in memory, as the consistency data counts it: a release
+//!   may bring every other node's records); past it the peer is refused by name.
 
 use super::error::ProtocolError;
 use super::gc::Accounting;

@@ -1083,6 +1083,11 @@ mod tests {
         let shared: Diff = super::super::decode_sharing(frame, |b| postcard::from_bytes(b)).unwrap();
         assert_eq!(shared, d);
         assert_eq!(shared.0.owner_len(), wire.len(), "a slice of the frame");
+        // Detached, its own allocation, keeping the frame alive no more; one already alone stays.
+        let alone = shared.detached();
+        assert_eq!((alone.0.owner_len(), &alone), (d.encoded_len(), &d));
+        let ptr = alone.0.as_ptr();
+        assert_eq!(alone.detached().0.as_ptr(), ptr, "no copy of a diff already alone");
         // Cut short: an error, not a panic.
         assert!(postcard::from_bytes::<Diff>(&wire[..wire.len() - 1]).is_err());
     }

@@ -405,7 +405,10 @@ impl<M: PageMemory> Node<M> {
                 self.handle_barrier_release(from, barrier, intervals, gc, heap_end, pushed_by)
             }
             Message::Intervals { intervals } => {
-                self.ahead.hold(from, intervals, Accounting::parts_limit(self.cfg.consistency_limit))
+                // A release may bring every other node's records: the bound is per node.
+                let limit =
+                    Accounting::parts_limit(self.cfg.consistency_limit).saturating_mul(self.nprocs() as u64);
+                self.ahead.hold(from, intervals, limit)
             }
             Message::DiffRequest { asks } => {
                 self.check_request_len(from, "diff", asks.len())?;

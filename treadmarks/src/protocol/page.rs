@@ -263,8 +263,8 @@ pub(crate) struct Miss {
     /// nothing per page.
     pub asked: SmallVec<[(NodeId, IntervalIdx, bool); 2]>,
     pub diffs: SmallVec<[(NodeId, DiffWire); 1]>,
-    /// Per writer, the memory that the diffs of its `continued` replies take in `diffs`
-    /// (`Node::held_continued`, which bounds it).
+    /// Per writer whose replies are not all in, the memory that the diffs of its `continued`
+    /// replies take in `diffs` (`Node::held_continued`, which bounds it).
     pub continued: SmallVec<[(NodeId, u64); 1]>,
     /// The node asked for a whole copy (the page was dropped by a collection), and the copy
     /// with what it holds of each writer's diffs ([`PageCopy::holds`]).
@@ -988,6 +988,10 @@ impl<M: PageMemory> Node<M> {
         }
         if last {
             miss.diffs.extend(diffs.into_iter().map(|d| (from, d)));
+            // The writer's replies are all in: what they hold no longer counts against it.
+            if let Some(i) = miss.continued.iter().position(|(n, _)| *n == from) {
+                self.held_continued[from.idx()] -= miss.continued.swap_remove(i).1;
+            }
         } else {
             // Held past its message, for as many replies as the writer sends: out of the frame
             // it came in (a small diff would keep a whole frame alive), and counted.
