@@ -13,6 +13,7 @@
 //! Invariants: the soft limit is only ever raised, never past the hard limit, and left alone
 //! where it has room; the nodes a launcher spawns inherit the raised limit; a limit that cannot
 //! be read limits nothing.
+#![forbid(unsafe_code)]
 
 use crate::config::ConfigError;
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
