@@ -107,9 +107,11 @@ impl Tmk {
             if launch::spawned_by_launcher() { Config::from_env_and_args(Vec::new())?.0 } else { config };
         config.validate()?;
         let n = config.nprocs;
-        // A launcher may hold a socket for each CPU it claims for the job (`CpuClaims`).
+        let allowed_cpus = crate::mem::sched::allowed_cpus();
+        // The CPUs a launcher claims for the job (`CpuClaims`), a socket each.
+        let cpus_to_claim = allowed_cpus.min(usize::from(n));
         let claims = match config.role {
-            Role::Launcher => crate::mem::sched::allowed_cpus().min(usize::from(n)) as u64,
+            Role::Launcher => cpus_to_claim as u64,
             Role::Member { .. } => 0,
         };
         crate::open_files::make_room(n, claims)?;
@@ -206,10 +208,10 @@ impl Tmk {
                     let addr = l.local_addr().map_err(|e| Error::Failed(e.to_string()))?;
                     // Pinned only to CPUs no other job here is pinned to (`CpuClaims`), unless
                     // the user says; the nodes hear the decision, and the CPUs, from the launcher.
-                    use crate::mem::sched::{CpuClaim, CpuClaims, allowed_cpus};
+                    use crate::mem::sched::{CpuClaim, CpuClaims};
                     let claim = config.pin.is_none().then(|| {
                         let names = std::env::var("TMK_TEST_CPU_CLAIMS").unwrap_or("treadmarks-cpu".into());
-                        CpuClaims::take_named(&names, allowed_cpus().min(usize::from(n)))
+                        CpuClaims::take_named(&names, cpus_to_claim)
                     });
                     let pin = config.pin.or(claim.as_ref().and_then(CpuClaim::pin)).unwrap_or(true);
                     cpu_claims = claim.and_then(CpuClaim::into_claims);
@@ -226,7 +228,6 @@ impl Tmk {
             // (its application and service threads), so that its protection changes need no
             // TLB shootdown on another CPU and its threads hand work to each other on one run
             // queue; a real-time service thread then preempts its own application at once.
-            let cpus = crate::mem::sched::allowed_cpus();
             // Put back if the startup fails from here on (kept by the node otherwise).
             unpinned = Some(crate::mem::sched::AffinityGuard::take());
             // To the launcher's claimed CPUs in turn, or to the `me`-th allowed one.
@@ -239,7 +240,7 @@ impl Tmk {
             let service_rt = config.service_rt.unwrap_or(pinned);
             // A node with a CPU of its own wastes nothing by polling while its application
             // waits; a node sharing one would take it from the other node's computation.
-            let own_cpu = pinned && usize::from(n) <= cpus;
+            let own_cpu = pinned && usize::from(n) <= allowed_cpus;
             let service_spin = config.service_spin.unwrap_or(if own_cpu {
                 crate::config::DEFAULT_SERVICE_SPIN
             } else {

@@ -72,21 +72,23 @@ pub(crate) fn cut_ahead(records: &mut Vec<IntervalRecord>, budget: usize) -> Vec
 }
 
 /// Records peers sent ahead of their next grant, arrival or release, per peer.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct RecordsAhead {
     /// Per peer: its parts so far, in order, and their size in memory.
     held: Vec<(Vec<IntervalRecord>, u64)>,
 }
 
 impl RecordsAhead {
+    /// Nothing held from any of `n` nodes.
+    pub fn new(n: usize) -> RecordsAhead {
+        RecordsAhead { held: vec![(Vec::new(), 0); n] }
+    }
+
     /// Holds a part from `from`, refusing an empty one and one that would take what is held
     /// from it past `limit` bytes (in memory, [`Accounting::record_size`]).
     pub fn hold(&mut self, from: NodeId, part: Vec<IntervalRecord>, limit: u64) -> Result<(), ProtocolError> {
         if part.is_empty() {
             return Err(ProtocolError::Unexpected { from, what: "interval records sent ahead: none".into() });
-        }
-        if self.held.len() <= from.idx() {
-            self.held.resize_with(from.idx() + 1, Default::default);
         }
         let (records, bytes) = &mut self.held[from.idx()];
         *bytes += part.iter().map(Accounting::record_size).sum::<u64>();
@@ -187,7 +189,7 @@ mod tests {
 
     #[test]
     fn held_parts_go_in_front_of_their_message_once() {
-        let mut ahead = RecordsAhead::default();
+        let mut ahead = RecordsAhead::new(3);
         ahead.hold(NodeId(2), vec![rec(1, 1)], u64::MAX).unwrap();
         ahead.hold(NodeId(2), vec![rec(2, 1), rec(3, 1)], u64::MAX).unwrap();
         assert_eq!(indices(&ahead.complete(NodeId(1), vec![rec(9, 1)])), [9], "another peer's");
@@ -198,7 +200,7 @@ mod tests {
 
     #[test]
     fn an_empty_part_and_parts_past_the_limit_are_refused_naming_the_peer() {
-        let mut ahead = RecordsAhead::default();
+        let mut ahead = RecordsAhead::new(3);
         let err = ahead.hold(NodeId(1), vec![], u64::MAX).unwrap_err();
         assert!(matches!(err, ProtocolError::Unexpected { from: NodeId(1), .. }), "{err}");
         let limit = 3 * Accounting::record_size(&rec(1, 1));

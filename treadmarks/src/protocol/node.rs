@@ -268,7 +268,7 @@ impl<M: PageMemory> Node<M> {
             gc_force: false,
             gc_warned_at: 0,
             warnings: VecDeque::new(),
-            ahead: RecordsAhead::default(),
+            ahead: RecordsAhead::new(n),
             held_continued: vec![0; n],
             outbox: VecDeque::new(),
             done: VecDeque::new(),
