@@ -51,9 +51,7 @@ fn the_timed_statistics_of_a_job_add_up() {
             .env("TMK_STATS", "json")
             .env("TMK_HEAP_BASE", heap_base(60))
             .env("TMK_CONNECT_TIMEOUT", "20");
-        if treadmarks_tests::uffd_required() && std::env::var_os("TMK_FAULTS").is_none() {
-            cmd.env("TMK_FAULTS", "uffd");
-        }
+        treadmarks_tests::on_required_backend(&mut cmd);
         let out = Job::spawn(cmd).wait(Duration::from_secs(120));
         assert!(out.code == Some(0) && out.stdout.contains("PASS"), "run {run}: {out:#?}");
         let lines: Vec<&str> = out.stderr.lines().filter(|l| l.starts_with("TMK_TIMED_STATS ")).collect();

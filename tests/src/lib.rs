@@ -184,10 +184,21 @@ pub fn uffd_required() -> bool {
     std::env::var("TMK_REQUIRE_UFFD").is_ok_and(|v| v == "1")
 }
 
-/// One run of an example application, which must print `PASS` and exit 0. It runs on the
-/// runtime's default fault backend (userfaultfd where it works, else mprotect), unless `env` or
-/// the test's environment names one (`TMK_FAULTS`); with [`uffd_required`], on userfaultfd,
-/// failing where the kernel lacks it.
+/// Has an application run by `cmd` on the runtime's default fault backend (userfaultfd where it
+/// works, else mprotect) run on userfaultfd with [`uffd_required`], failing where the kernel
+/// lacks it, unless `cmd` or the test's environment names a backend (`TMK_FAULTS`; `auto` is
+/// whichever works, no name).
+pub fn on_required_backend(cmd: &mut Command) {
+    let named = |v: &OsStr| v == "uffd" || v == "mprotect";
+    let own = cmd.get_envs().find(|(k, _)| *k == "TMK_FAULTS").and_then(|(_, v)| v);
+    let chosen = own.is_some_and(named) || std::env::var_os("TMK_FAULTS").is_some_and(|v| named(&v));
+    if uffd_required() && !chosen {
+        cmd.env("TMK_FAULTS", "uffd");
+    }
+}
+
+/// One run of an example application, which must print `PASS` and exit 0, on the backend
+/// [`on_required_backend`] picks.
 fn check_app_run(exe: &str, mode: &str, nprocs: usize, slot: u64, args: &[&str], env: &[(&str, &str)]) {
     let mut cmd = Command::new(exe);
     cmd.args(["-n", &nprocs.to_string(), "--mode", mode])
@@ -195,13 +206,7 @@ fn check_app_run(exe: &str, mode: &str, nprocs: usize, slot: u64, args: &[&str],
         .env("TMK_HEAP_BASE", heap_base(slot))
         .env("TMK_CONNECT_TIMEOUT", "20")
         .envs(env.iter().copied());
-    // A backend named (not `auto`, which is whichever works).
-    let named = |v: &str| matches!(v, "uffd" | "mprotect");
-    let chosen = env.iter().any(|&(k, v)| k == "TMK_FAULTS" && named(v))
-        || std::env::var("TMK_FAULTS").is_ok_and(|v| named(&v));
-    if uffd_required() && !chosen {
-        cmd.env("TMK_FAULTS", "uffd");
-    }
+    on_required_backend(&mut cmd);
     let out = Job::spawn(cmd).wait(Duration::from_secs(120));
     assert!(
         out.code == Some(0) && out.stdout.contains("PASS"),
