@@ -176,13 +176,13 @@ impl Timer {
     }
 
     /// Seconds since start, at the end of a DSM node's timed region. With `TMK_STATS=json` it is
-    /// a collective, which every node calls: the node also prints its statistics so far as one `TMK_TIMED_STATS
-    /// {...}` line on standard error: its traffic up to the timer's end, the check after the
-    /// timed region left out (the setup before it stays in: a barrier, a distribute and the
-    /// input's first writes); what `tmk-bench` reports. Then it waits at a barrier, so that no
-    /// node's check asks another for pages before that one's statistics are taken: a node whose
-    /// timer stopped later had counted the first node's check (fft at 2 nodes: 1,024 or 2,048
-    /// diffs more in one run in three, and 94 to 107 messages).
+    /// a collective, which every node calls: the node also prints its statistics so far as one
+    /// `TMK_TIMED_STATS {...}` line on standard error: its traffic up to the timer's end, the
+    /// check after the timed region left out (the setup before it stays in: a barrier, a
+    /// distribute and the input's first writes); what `tmk-bench` reports. Then it waits at a
+    /// barrier, so that no node's check asks another for pages before that one's statistics are
+    /// taken: a node whose timer stopped later had counted the first node's check (fft at 2
+    /// nodes: 1,024 or 2,048 diffs more in one run in three, and 94 to 107 messages).
     pub fn stop(&self, tmk: &mut Tmk) -> treadmarks::Result<f64> {
         let secs = self.secs();
         if std::env::var("TMK_STATS").is_ok_and(|v| v.eq_ignore_ascii_case("json")) {

@@ -21,8 +21,8 @@
 //!   the small exchanges of every step (boundary rows); the pages past
 //!   [`super::page::REPLY_BYTES`] of diffs are left out and fetched. A bulk transfer goes
 //!   faster as a fetch, whose ramped requests overlap the writer's diffing, the transfer and
-//!   the reader's applying; a push diffs every page before it goes out. (At 2 nodes the limit made fft 6%,
-//!   radix 8% and lu 3% faster; the iterative codes push 2-16 pages a step.)
+//!   the reader's applying; a push diffs every page before it goes out. (At 2 nodes the limit
+//!   made fft 6%, radix 8% and lu 3% faster; the iterative codes push 2-16 pages a step.)
 //! - **Using.** The subscriber keeps the pushed diffs aside; memory is not touched. When the page
 //!   misses later (a fault or a view), a writer's pushed diffs stand in for the request to that
 //!   writer if they are complete: we know all of its intervals up to `upto`, the notice we hold
