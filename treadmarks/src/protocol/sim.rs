@@ -21,6 +21,10 @@
 //! application's synchronization with vector clocks of its own, and every read must return the
 //! last write that happened before it or a later, concurrent one, never an older one. Values
 //! are unique and change one to four bytes of a word ([`value`]), so a lost or torn byte shows.
+//! In half the runs writes that race with another write of their word run too (elsewhere they
+//! are skipped), and nodes declare pages overwritten while others write them: a word two
+//! concurrent writes touched must then hold, at each byte, a byte some write of it put there
+//! (what LRC with multiple writers can promise, [`Hb`]), and no node may fail or panic.
 //! Some programs take views under locks, distribute values (node 0 at a phase's start, the
 //! others then or a barrier later) and allocate and free parts of the heap (every allocation
 //! checked aligned, inside the heap and clear of the live ones); each ends in its exit, which
@@ -44,10 +48,11 @@
 //! forwards go stale and crossing grants happen often; after every lock step each lock's token
 //! must exist exactly once (at a node, or in one grant in flight) with at most one holder.
 //!
-//! Fuzzing runs stop a simulation at a random step, or in one run in four at a random message of
-//! the exit, and hand one message's receiver a corrupted copy of it (bits flipped, bytes dropped
-//! or repeated in its encoding; or the message twice; or from another sender): the receiver must
-//! take it, or refuse it with an error, and never panic. A copy taken may surface later, so the
+//! Fuzzing runs (of random, lock-walk and racy programs) stop a simulation at a random step, or
+//! in one run in four at a random message of the exit, and hand one message's receiver a
+//! corrupted copy of it (bits flipped, bytes dropped or repeated in its encoding; or the message
+//! twice; or from another sender): the receiver must take it, or refuse it with an error, and
+//! never panic. A copy taken may surface later, so the
 //! messages in flight, and those they cause, are then delivered too, the applications stopped:
 //! again an error or nothing, never a panic.
 //!
@@ -140,6 +145,9 @@ struct Shape {
     /// Racy programs across locks ([`generate_racy`]), checked by the happened-before oracle
     /// ([`Hb`]) instead of the sequentially consistent one.
     racy: bool,
+    /// Racy programs only: writes that race with a write to the same word run instead of being
+    /// skipped, and programs declare pages overwritten ([`generate_racy`]).
+    write_races: bool,
 }
 
 fn generate(rng: &mut Rng, s: &Shape) -> Vec<Vec<Op>> {
@@ -173,7 +181,7 @@ fn generate(rng: &mut Rng, s: &Shape) -> Vec<Vec<Op>> {
         let npages = s.words.div_ceil(WORDS_PER_PAGE);
         if rng.chance(40) {
             let (q, owner) = (rng.below(u64::from(npages)) as u32, rng.below(s.n as u64) as usize);
-            let words = q * WORDS_PER_PAGE..((q + 1) * WORDS_PER_PAGE).min(s.words);
+            let words = page_words(q, s.words);
             roles[words.start as usize..words.end as usize].fill(Role::Owner(owner));
         }
         for (me, prog) in progs.iter_mut().enumerate() {
@@ -183,10 +191,7 @@ fn generate(rng: &mut Rng, s: &Shape) -> Vec<Vec<Op>> {
                 })
                 .collect();
             let whole_pages: Vec<u32> = (0..npages)
-                .filter(|&q| {
-                    (q * WORDS_PER_PAGE..((q + 1) * WORDS_PER_PAGE).min(s.words))
-                        .all(|w| roles[w as usize] == Role::Owner(me))
-                })
+                .filter(|&q| page_words(q, s.words).all(|w| roles[w as usize] == Role::Owner(me)))
                 .collect();
             for _ in 0..rng.below(25) {
                 if rng.chance(10) {
@@ -205,7 +210,7 @@ fn generate(rng: &mut Rng, s: &Shape) -> Vec<Vec<Op>> {
                     let first = q.saturating_sub(rng.below(2) as u32);
                     let end = (q + 1 + rng.below(2) as u32).min(npages);
                     prog.push(Op::Overwrite(first, end - first, q));
-                    for w in q * WORDS_PER_PAGE..((q + 1) * WORDS_PER_PAGE).min(s.words) {
+                    for w in page_words(q, s.words) {
                         counter += 1;
                         prog.push(Op::Write(w, value(counter)));
                     }
@@ -317,9 +322,11 @@ struct Sim {
     oracle: Vec<u32>,
     hb: Hb,
     /// The programs race ([`generate_racy`]): the happened-before oracle alone judges their
-    /// reads, and their racing writes are skipped. A data-race-free program's every read must
-    /// be the one value both oracles allow, and none of its writes may race.
+    /// reads, and their racing writes are skipped, or run with `write_races`. A data-race-free
+    /// program's every read must be the one value both oracles allow, and none of its writes may
+    /// race.
     racy: bool,
+    write_races: bool,
     n: usize,
     seed: u64,
     /// Validations that completed without a message, as `Node::validates_locally` predicted.
@@ -355,6 +362,11 @@ enum Fuzzed {
 
 fn locate(w: u32) -> (PageIdx, usize) {
     (PageIdx(w / WORDS_PER_PAGE), (w % WORDS_PER_PAGE) as usize * 4)
+}
+
+/// The words of page `q`, in a program of `words` words.
+fn page_words(q: u32, words: u32) -> std::ops::Range<u32> {
+    q * WORDS_PER_PAGE..((q + 1) * WORDS_PER_PAGE).min(words)
 }
 
 impl Sim {
@@ -405,6 +417,7 @@ impl Sim {
             oracle: vec![0; s.words as usize],
             hb: Hb::new(s.n, s.nlocks as usize, s.words as usize),
             racy: s.racy,
+            write_races: s.write_races,
             n: s.n,
             seed,
             app_ops: AppOps::default(),
@@ -463,15 +476,11 @@ impl Sim {
                         }
                         let got =
                             u32::from_ne_bytes(sn.node.mem().app_read(p)[off..off + 4].try_into().unwrap());
-                        let allowed = if hb.overwriting(i, p) {
-                            std::iter::once(0).chain(hb.hist[w as usize].iter().map(|e| e.0)).collect()
-                        } else {
-                            hb.allowed(i, w as usize).0
-                        };
                         assert!(
-                            allowed.contains(&got),
-                            "seed {seed}: node {i} after {done:?}: valid {p} holds {got} in word {w}, where \
-                             LRC allows {allowed:?}; the word's writes (value, node, clock): {:?}",
+                            hb.allows(i, w as usize, got),
+                            "seed {seed}: node {i} after {done:?}: valid {p} holds {got:#x} in word {w}, \
+                             where LRC allows {}; the word's writes (value, node, clock): {:x?}",
+                            hb.describe(i, w as usize),
                             hb.hist[w as usize]
                         );
                     }
@@ -536,7 +545,7 @@ impl Sim {
             Some(&Op::Write(w, v))
                 if running
                     && sn.node.mem().access(locate(w).0) != Access::None
-                    && self.hb.write_ok(i, w as usize)
+                    && (self.write_races || self.hb.write_ok(i, w as usize))
                     && self.mid_rng.chance(50) =>
             {
                 Some((w, v))
@@ -566,10 +575,21 @@ impl Sim {
             }
         };
         if let (true, Some((w, v))) = (landed, store) {
-            self.oracle[w as usize] = v;
-            self.hb.wrote(i, w as usize, v);
+            self.wrote(i, w, v);
             self.nodes[i].pc += 1;
         }
+    }
+
+    /// Node `i`'s store of `v` into word `w` landed: both oracles take it. Only a racy program's
+    /// write may race.
+    fn wrote(&mut self, i: usize, w: u32, v: u32) {
+        self.oracle[w as usize] = v;
+        self.hb.wrote(i, w as usize, v);
+        assert!(
+            self.racy || !self.hb.raced[w as usize],
+            "seed {}: node {i}: write to word {w} races",
+            self.seed
+        );
     }
 
     fn step_app(&mut self, i: usize) {
@@ -590,6 +610,8 @@ impl Sim {
                     let got = u32::from_ne_bytes(sn.node.mem().app_read(p)[off..off + 4].try_into().unwrap());
                     let hb = &mut self.hb;
                     let (allowed, exact) = hb.allowed(i, w as usize);
+                    let raced = hb.raced[w as usize];
+                    hb.raced_reads += u64::from(raced);
                     if !self.racy {
                         // The last write in the simulation's order happened before the read.
                         assert_eq!(
@@ -601,20 +623,21 @@ impl Sim {
                         );
                     }
                     assert!(
-                        allowed.contains(&got),
-                        "seed {seed}: node {i} read word {w} ({p}) at pc {}: got {got}, LRC allows \
-                         {allowed:?}; the word's writes (value, node, clock): {:?}",
+                        hb.allows(i, w as usize, got),
+                        "seed {seed}: node {i} read word {w} ({p}) at pc {}: got {got:#x}, LRC allows \
+                         {}; the word's writes (value, node, clock): {:x?}",
                         sn.pc,
+                        hb.describe(i, w as usize),
                         hb.hist[w as usize]
                     );
                     hb.reads += 1;
-                    hb.exact_reads += u64::from(exact);
+                    hb.exact_reads += u64::from(exact && !raced);
                     sn.pc += 1;
                 }
             }
             Op::Write(w, v) => {
                 let (p, off) = locate(w);
-                if !self.hb.write_ok(i, w as usize) {
+                if !self.hb.write_ok(i, w as usize) && !self.write_races {
                     assert!(self.racy, "seed {seed}: node {i}: write to word {w} at pc {} races", sn.pc);
                     // It races with the word's last write: skipped.
                     self.hb.skipped_writes += 1;
@@ -624,9 +647,8 @@ impl Sim {
                 match sn.node.mem().access(p) {
                     Access::ReadWrite => {
                         sn.node.mem_mut().app_write(p)[off..off + 4].copy_from_slice(&v.to_ne_bytes());
-                        self.oracle[w as usize] = v;
-                        self.hb.wrote(i, w as usize, v);
-                        sn.pc += 1;
+                        self.wrote(i, w, v);
+                        self.nodes[i].pc += 1;
                     }
                     Access::Read if self.rng.chance(50) => {
                         // The fault handler's fast path: twin, unprotect, report later.
@@ -724,6 +746,12 @@ impl Sim {
                 let pages: Vec<PageIdx> = (first..first + count).map(PageIdx).collect();
                 let whole = [PageIdx(whole)];
                 self.hb.overwrite(i, whole[0]);
+                let mut words = page_words(whole[0].0, self.hb.raced.len() as u32);
+                assert!(
+                    self.racy || !words.any(|w| self.hb.raced[w as usize]),
+                    "seed {seed}: node {i}: overwrite of {} races",
+                    whole[0]
+                );
                 let local = sn.node.overwrites_locally(&pages, &whole);
                 self.core(i, |n| n.request_overwrite(&pages, &whole));
                 assert!(
@@ -1025,6 +1053,7 @@ fn program_shape(seed: u64) -> Shape {
         stream_min_pages: [0, 1, 2, 3][pick.below(4) as usize],
         limits: tiny_limits(&mut pick),
         racy: false,
+        write_races: false,
     };
     // One run in sixteen on 5-8 nodes (drawn last: the other runs keep their shapes).
     if pick.below(16) == 0 {
@@ -1051,6 +1080,7 @@ fn walk_shape(seed: u64) -> Shape {
         stream_min_pages: 0,
         limits: tiny_limits(&mut pick),
         racy: false,
+        write_races: false,
     }
 }
 
@@ -1130,7 +1160,7 @@ fn run_sim<T>(seed: u64, shape: Shape, take: impl FnOnce(&Sim) -> T) -> T {
                 .cloned()
                 .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()));
             panic!(
-                "simulation failed for seed {seed} ({} nodes, {} words, {} locks, {} phases, lock walks: {}, skewed links: {}, racy: {}): {}\nreplay: TMK_SIM_SEED={seed} cargo test -p treadmarks sim",
+                "simulation failed for seed {seed} ({} nodes, {} words, {} locks, {} phases, lock walks: {}, skewed links: {}, racy: {}, write races: {}): {}\nreplay: TMK_SIM_SEED={seed} cargo test -p treadmarks sim",
                 shape.n,
                 shape.words,
                 shape.nlocks,
@@ -1138,6 +1168,7 @@ fn run_sim<T>(seed: u64, shape: Shape, take: impl FnOnce(&Sim) -> T) -> T {
                 shape.walks,
                 shape.skewed,
                 shape.racy,
+                shape.write_races,
                 msg.unwrap_or_default()
             )
         }
@@ -1280,8 +1311,12 @@ fn corrupted_messages_are_taken_or_refused_never_a_panic() {
     let seeds = range.end.saturating_sub(range.start);
     let mut outcomes = std::collections::BTreeMap::new();
     for seed in range {
-        // Random programs and lock walks in turn, on every shape they run on.
-        let shape = if seed % 2 == 0 { program_shape(seed) } else { walk_shape(seed) };
+        // Random programs, lock walks and racy programs in turn, on every shape they run on.
+        let shape = match seed % 3 {
+            0 => program_shape(seed),
+            1 => walk_shape(seed),
+            _ => racy_shape(seed),
+        };
         let mut pick = Rng(seed ^ 0xf022);
         let mut sim = Sim::new(seed, &shape);
         // One run in four (of either kind) corrupts a message of the exit, where the others
@@ -1305,12 +1340,23 @@ fn corrupted_messages_are_taken_or_refused_never_a_panic() {
 
 /// The happened-before oracle of racy programs: vector clocks kept at the application's level
 /// (a release orders what came before it at the releaser before the lock's next acquire; a
-/// barrier orders every arrival before every departure), and every word's history of writes. A
-/// write runs only if the word's last write happened before it (a program's write that races
-/// with another write is skipped), so each word's writes are totally ordered by
-/// happened-before; reads may race. A read must return the last write that happened before it,
-/// or a later one (concurrent with the read), never an older one: with no race, exactly one
-/// value.
+/// barrier orders every arrival before every departure), and every word's history of writes.
+/// Unless write-write races run (`Shape::write_races`), a write runs only if the word's last
+/// write happened before it (a program's write that races with another write is skipped), so
+/// each word's writes are totally ordered by happened-before; reads may race. A read must
+/// return the last write that happened before it, or a later one (concurrent with the read),
+/// never an older one: with no race, exactly one value.
+///
+/// A word two concurrent writes touched (a declaration that its page is overwritten counts as a
+/// write of it, [`Hb::overwrite`]) is *raced* from then on, and a read of it is judged
+/// byte by byte: each byte must be one that some write of the word (or its initial zero) put
+/// there. No more can be asked of LRC with multiple writers, for two reasons. Diffs are exact to
+/// the byte, so two concurrent writers' diffs of a word, applied in either order, leave a mix of
+/// their bytes, and two nodes may apply them in different orders and keep different values for
+/// good. And a later writer whose copy already holds, by such a race, the byte it writes leaves
+/// that byte out of its diff, so a node that applies its diff but not the racing one can keep a
+/// byte older than writes that happened before its read. The check still catches a byte out of
+/// thin air: from another word, torn off a diff or put at the wrong place.
 struct Hb {
     /// Per node, its vector clock.
     vc: Vec<Vec<u32>>,
@@ -1324,7 +1370,13 @@ struct Hb {
     hist: Vec<Vec<(u32, usize, u32)>>,
     /// Pages declared overwritten: (page, node, the node's own clock then).
     overwrites: Vec<(PageIdx, usize, u32)>,
+    /// Per word, whether two of its writes were concurrent.
+    raced: Vec<bool>,
     skipped_writes: u64,
+    /// Writes that raced with an earlier write of their word or an overwrite of its page, and ran.
+    racing_writes: u64,
+    /// Reads of raced words.
+    raced_reads: u64,
     reads: u64,
     exact_reads: u64,
 }
@@ -1339,7 +1391,10 @@ impl Hb {
             episode: vec![0; n],
             hist: vec![Vec::new(); words],
             overwrites: Vec::new(),
+            raced: vec![false; words],
             skipped_writes: 0,
+            racing_writes: 0,
+            raced_reads: 0,
             reads: 0,
             exact_reads: 0,
         }
@@ -1380,8 +1435,16 @@ impl Hb {
         self.episode[i] += 1;
     }
     /// Node `i` declares page `p` overwritten: it writes every word of it next, without
-    /// fetching the writes it has not seen (`Node::request_overwrite`).
+    /// fetching the writes it has not seen (`Node::request_overwrite`). Its whole diff of the
+    /// page may be cut before it has written every word, and then holds its stale copy of the
+    /// others: so the declaration races, as a write of every word of the page, with the words'
+    /// writes it has not seen (and, in [`Hb::wrote`], with writes that have not seen it).
     fn overwrite(&mut self, i: usize, p: PageIdx) {
+        for w in page_words(p.0, self.hist.len() as u32) {
+            if !self.write_ok(i, w as usize) {
+                self.raced[w as usize] = true;
+            }
+        }
         self.overwrites.push((p, i, self.vc[i][i]));
     }
     /// Whether another node overwrites page `p` in an interval node `i` has not seen: until
@@ -1396,8 +1459,36 @@ impl Hb {
         self.hist[w].last().is_none_or(|&(_, n, c)| self.seen(i, n, c))
     }
     fn wrote(&mut self, i: usize, w: usize, v: u32) {
+        if !self.write_ok(i, w) || self.overwriting(i, locate(w as u32).0) {
+            self.raced[w] = true;
+            self.racing_writes += 1;
+        }
         let c = self.vc[i][i];
         self.hist[w].push((v, i, c));
+    }
+    /// Whether node `i` may read `got` in word `w` now: a value [`Hb::allowed`] names; on a page
+    /// another node is overwriting meanwhile ([`Hb::overwriting`]), any value written there; in a
+    /// raced word, a byte some write of it put there, at each of its four places.
+    fn allows(&self, i: usize, w: usize, got: u32) -> bool {
+        let hist = &self.hist[w];
+        if self.raced[w] {
+            let written = |k: usize, b: u8| b == 0 || hist.iter().any(|e| e.0.to_ne_bytes()[k] == b);
+            got.to_ne_bytes().iter().enumerate().all(|(k, &b)| written(k, b))
+        } else if self.overwriting(i, locate(w as u32).0) {
+            got == 0 || hist.iter().any(|e| e.0 == got)
+        } else {
+            self.allowed(i, w).0.contains(&got)
+        }
+    }
+    /// What [`Hb::allows`] allows, for a failure's message.
+    fn describe(&self, i: usize, w: usize) -> String {
+        if self.raced[w] {
+            "any byte of the word's writes (a write-write race)".into()
+        } else if self.overwriting(i, locate(w as u32).0) {
+            "any value written there (another node is overwriting the page)".into()
+        } else {
+            format!("{:x?}", self.allowed(i, w).0)
+        }
     }
     /// The values a read of `w` at node `i` may return, and whether that is exactly one.
     fn allowed(&self, i: usize, w: usize) -> (Vec<u32>, bool) {
@@ -1415,7 +1506,10 @@ impl Hb {
 
 /// Random racy programs whose accesses cross locks: any word read or written anywhere, outside
 /// any lock or under any (nested locks taken in order), so that writes reach readers through
-/// chains of different locks and through barriers; [`Hb`] skips the writes that race.
+/// chains of different locks and through barriers; the writes that race with a write run with
+/// `write_races`, where they are skipped otherwise ([`Hb`]). With `write_races`, programs also
+/// declare any page overwritten (racing with every other node's writes to it) and then write
+/// all its words.
 fn generate_racy(rng: &mut Rng, s: &Shape) -> Vec<Vec<Op>> {
     let mut progs = vec![Vec::new(); s.n];
     let mut counter = 0u32;
@@ -1423,6 +1517,17 @@ fn generate_racy(rng: &mut Rng, s: &Shape) -> Vec<Vec<Op>> {
     for phase in 0..s.phases {
         for prog in progs.iter_mut() {
             for _ in 0..rng.below(30) {
+                // Drawn only with `write_races`: other runs keep their programs.
+                if s.write_races && rng.chance(8) {
+                    let q = rng.below(u64::from(npages)) as u32;
+                    let first = q.saturating_sub(rng.below(2) as u32);
+                    let end = (q + 1 + rng.below(2) as u32).min(npages);
+                    prog.push(Op::Overwrite(first, end - first, q));
+                    for w in page_words(q, s.words) {
+                        counter += 1;
+                        prog.push(Op::Write(w, value(counter)));
+                    }
+                }
                 if rng.chance(10) {
                     let first = rng.below(u64::from(npages)) as u32;
                     prog.push(Op::Validate(first, 1 + rng.below(u64::from(npages - first)) as u32));
@@ -1466,7 +1571,7 @@ fn generate_racy(rng: &mut Rng, s: &Shape) -> Vec<Vec<Op>> {
 }
 
 /// The shape of racy-program run `seed`: a random program's, on 2-4 nodes with up to 4 locks,
-/// one run in sixteen on 5-8 nodes.
+/// one run in sixteen on 5-8 nodes; in half the runs write-write races run.
 fn racy_shape(seed: u64) -> Shape {
     let mut pick = Rng(seed ^ 0xd1a);
     let (mut n, nlocks) = (2 + pick.below(3) as usize, 1 + pick.below(4) as u32);
@@ -1474,7 +1579,8 @@ fn racy_shape(seed: u64) -> Shape {
     if pick.below(16) == 0 {
         n = 5 + pick.below(4) as usize;
     }
-    Shape { n, nlocks, racy: true, ..program_shape(seed ^ 0xd1a) }
+    let write_races = pick.below(2) == 0;
+    Shape { n, nlocks, racy: true, write_races, ..program_shape(seed ^ 0xd1a) }
 }
 
 #[test]
@@ -1485,6 +1591,7 @@ fn racy_programs_across_locks_read_values_happened_before_allows() {
         None => (seeds(5000).start, seeds(5000).end),
     };
     let (mut reads, mut exact, mut skipped, mut mid) = (0, 0, 0, MidStores::default());
+    let (mut racing, mut raced_reads) = (0, 0);
     let mut totals = ProtocolStats::default();
     // Seeds past the usual range that once failed, run every time (since session 29 changed the
     // programs, as more seeds: the scenario
@@ -1495,19 +1602,21 @@ fn racy_programs_across_locks_read_values_happened_before_allows() {
     // (`Node::serve_page`).
     let regressions = if to - from > 1 { &[60_304][..] } else { &[] };
     for seed in (from..to).chain(regressions.iter().copied()) {
-        let (r, e, k, f, stats) = run_sim(seed, racy_shape(seed), |sim| {
+        let (r, e, k, f, stats, races) = run_sim(seed, racy_shape(seed), |sim| {
             let hb = &sim.hb;
-            (hb.reads, hb.exact_reads, hb.skipped_writes, sim.mid_stores, sim.stats())
+            let races = (hb.racing_writes, hb.raced_reads);
+            (hb.reads, hb.exact_reads, hb.skipped_writes, sim.mid_stores, sim.stats(), races)
         });
         (reads, exact, skipped) = (reads + r, exact + e, skipped + k);
+        (racing, raced_reads) = (racing + races.0, raced_reads + races.1);
         mid += f;
         for s in &stats {
             totals += s;
         }
     }
     eprintln!(
-        "racy: reads {reads}, exact {exact}, writes skipped {skipped}, stores in a service step \
-         {mid:?}; totals {totals:?}"
+        "racy: reads {reads}, exact {exact}, writes skipped {skipped}, racing writes run {racing}, \
+         reads of raced words {raced_reads}, stores in a service step {mid:?}; totals {totals:?}"
     );
     if to - from < 5000 {
         return; // a replay, or a hunt through a short range: the coverage is for the suite's runs
@@ -1518,6 +1627,8 @@ fn racy_programs_across_locks_read_values_happened_before_allows() {
         reads > 100_000 && exact < reads && exact > reads / 2 && skipped > 1000,
         "{reads} {exact} {skipped}"
     );
+    assert!(racing > 1000 && raced_reads > 10_000, "{racing} {raced_reads}");
+    assert!(totals.pages_overwritten > 1000, "{totals:?}");
     assert!(totals.diffs_applied > 10_000 && totals.diffs_piggybacked > 10_000, "{totals:?}");
     assert!(totals.lock_acquires_remote > 10_000 && totals.fast_twins > 10_000, "{totals:?}");
     assert!(
