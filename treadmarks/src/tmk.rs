@@ -510,7 +510,12 @@ impl Tmk {
     /// its way waits for that page, and the next synchronization that may bring write notices
     /// waits for the rest (`protocol/stream.rs`).
     pub fn view<T: Pod>(&self, h: &Shared<[T]>) -> Result<View<'_, T>> {
-        self.view_parts(h, std::iter::once(0..h.len()))
+        let view = self.record(self.borrows.view(h).map_err(Error::from))?;
+        if !self.settled(h) {
+            let validated = self.validate_parts(h, std::iter::once(0..h.len()));
+            self.record(validated)?;
+        }
+        Ok(view)
     }
 
     /// A view of a shared array of which the application declares it reads only `parts`
@@ -524,10 +529,26 @@ impl Tmk {
         parts: impl IntoIterator<Item = Range<usize>>,
     ) -> Result<View<'_, T>> {
         let view = self.record(self.borrows.view(h).map_err(Error::from))?;
-        let mut count = 0;
-        let pages = self.pages_of_parts(h, parts.into_iter().inspect(|_| count += 1), Heap::invalid_pages);
-        let validated = pages.and_then(|pages| self.validate(pages, false, Vec::new(), count == 1));
+        let validated = self.validate_parts(h, parts);
         self.record(validated).map(|()| view)
+    }
+
+    /// Validates the pages of `parts` of `h` for a view ([`Tmk::view_parts`]).
+    fn validate_parts<T>(
+        &self,
+        h: &Shared<[T]>,
+        parts: impl IntoIterator<Item = Range<usize>>,
+    ) -> Result<()> {
+        let mut count = 0;
+        let pages = self.pages_of_parts(h, parts.into_iter().inspect(|_| count += 1), Heap::invalid_pages)?;
+        self.validate(pages, false, Vec::new(), count == 1)
+    }
+
+    /// Whether a view of all of `h` (in bounds) has nothing to validate: the node is alone, or
+    /// `h` lies inside one readable page. A mutable view of one page is never twinned ahead
+    /// (fewer than [`TWIN_AHEAD_MIN_PAGES`]), so its first write faults either way.
+    fn settled<T>(&self, h: &Shared<[T]>) -> bool {
+        self.nprocs == 1 || self.heap.readable_in_one_page(h.offset(), Self::bytes(h))
     }
 
     /// A mutable view of a shared array of which the application declares it touches only
@@ -642,7 +663,12 @@ impl Tmk {
     /// structure (tsp's work queue), whose every page would be twinned, then frozen and compared
     /// at the release.
     pub fn view_mut<T: Pod>(&self, h: &Shared<[T]>) -> Result<ViewMut<'_, T>> {
-        self.view_mut_parts(h, std::iter::once(0..h.len()))
+        let view = self.record(self.borrows.view_mut(h).map_err(Error::from))?;
+        if !self.settled(h) {
+            let validated = self.validate_declared(h, std::iter::once(0..h.len()).collect(), false);
+            self.record(validated)?;
+        }
+        Ok(view)
     }
 
     /// Brings `pages` up to date (and with `write`, twins them ahead of writes), timed as view
