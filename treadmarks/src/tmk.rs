@@ -25,6 +25,8 @@ use std::time::{Duration, Instant};
 /// Fewest pages of a mutable view worth twinning ahead of its writes: a command to the runtime
 /// costs a few page faults' worth.
 const TWIN_AHEAD_MIN_PAGES: usize = 8;
+// A mutable view of one page is never twinned ahead (`Tmk::settled` relies on it).
+const _: () = assert!(TWIN_AHEAD_MIN_PAGES > 1);
 
 /// One node's handle on the job.
 ///
@@ -533,7 +535,8 @@ impl Tmk {
         self.record(validated).map(|()| view)
     }
 
-    /// Validates the pages of `parts` of `h` for a view ([`Tmk::view_parts`]).
+    /// Validates the pages of `parts` of `h` for a view ([`Tmk::view_parts`], and [`Tmk::view`]
+    /// when it is not [`Tmk::settled`]).
     fn validate_parts<T>(
         &self,
         h: &Shared<[T]>,
@@ -545,8 +548,8 @@ impl Tmk {
     }
 
     /// Whether a view of all of `h` (in bounds) has nothing to validate: the node is alone, or
-    /// `h` lies inside one readable page. A mutable view of one page is never twinned ahead
-    /// (fewer than [`TWIN_AHEAD_MIN_PAGES`]), so its first write faults either way.
+    /// `h` is empty or lies inside one readable page. A mutable view of one page is never
+    /// twinned ahead (fewer than [`TWIN_AHEAD_MIN_PAGES`]), so its first write faults either way.
     fn settled<T>(&self, h: &Shared<[T]>) -> bool {
         self.nprocs == 1 || self.heap.readable_in_one_page(h.offset(), Self::bytes(h))
     }

@@ -593,4 +593,20 @@ fn page_queries_name_only_pages_within_the_heap_whatever_the_range() {
     assert_eq!(pages(1 << 44, 1), [] as [u32; 0], "an offset whose page number overflows a u32");
     assert_eq!(pages(5, 0), [] as [u32; 0]);
     assert!(heap.invalid_pages(0, u64::MAX).is_empty(), "a fresh heap's pages are valid");
+    // One readable page, or nothing: a view of the bytes has nothing to validate.
+    let ps = heap.page_size() as u64;
+    assert!(heap.readable_in_one_page(size - 1, 1), "the last byte");
+    assert!(heap.readable_in_one_page(ps, ps), "a whole page");
+    assert!(!heap.readable_in_one_page(ps - 1, 2), "a range across a page boundary");
+    assert!(heap.readable_in_one_page(u64::MAX, 2), "a range that wraps around: no bytes");
+    assert!(heap.readable_in_one_page(1 << 44, 1), "an offset past the heap: no bytes");
+    assert!(heap.readable_in_one_page(5, 0));
+    let mut pages = HeapPages(heap.clone());
+    pages.set_access(PageIdx(2), 1, Access::None);
+    assert!(!heap.readable_in_one_page(2 * ps + 8, 8), "an invalid page");
+    pages.set_access(PageIdx(2), 1, Access::Read);
+    assert!(heap.readable_in_one_page(2 * ps + 8, 8), "a read-only page");
+    for (offset, len) in [(size - 1, 1), (ps, ps), (2 * ps + 8, 8), (u64::MAX, 2), (5, 0)] {
+        assert!(heap.invalid_pages(offset, len).is_empty(), "{offset} {len}: readable means none invalid");
+    }
 }
