@@ -1359,15 +1359,15 @@ fn corrupted_messages_are_taken_or_refused_never_a_panic() {
 /// never an older one: with no race, exactly one value.
 ///
 /// A word two concurrent writes touched (a declaration that its page is overwritten counts as a
-/// write of it, [`Hb::overwrite`]) is *raced* from then on, and a read of it is judged
-/// byte by byte: each byte must be one that some write of the word (or its initial zero) put
-/// there. No more can be asked of LRC with multiple writers, for two reasons. Diffs are exact to
-/// the byte, so two concurrent writers' diffs of a word, applied in either order, leave a mix of
-/// their bytes, and two nodes may apply them in different orders and keep different values
-/// until a write they both see. And a later writer whose copy already holds, by such a race, the byte it writes leaves
-/// that byte out of its diff, so a node that applies its diff but not the racing one can keep a
-/// byte older than writes that happened before its read. The check still catches a byte out of
-/// thin air: from another word, torn off a diff or put at the wrong place.
+/// write of it, [`Hb::overwrite`]) is *raced* from then on, and a read of it is judged byte by
+/// byte: each byte must be one that some write of the word (or its initial zero) put there. No more
+/// can be asked of LRC with multiple writers, for two reasons. Diffs are exact to the byte, so two
+/// concurrent writers' diffs of a word, applied in either order, leave a mix of their bytes, and
+/// two nodes may apply them in different orders and keep different values (until a diff of the
+/// whole page replaces them). And a later writer whose copy already holds, by such a race, the byte
+/// it writes leaves that byte out of its diff, so a node that applies its diff but not the racing
+/// one can keep a byte older than writes that happened before its read. The check still catches a
+/// byte out of thin air: from another word, torn off a diff or put at the wrong place.
 struct Hb {
     /// Per node, its vector clock.
     vc: Vec<Vec<u32>>,
