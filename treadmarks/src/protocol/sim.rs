@@ -1481,18 +1481,29 @@ impl Hb {
         let c = self.vc[i][i];
         self.hist[w].push((v, i, c));
     }
-    /// Whether node `i` may read `got` in word `w` now: a value [`Hb::allowed`] names; on a page
-    /// another node is overwriting meanwhile ([`Hb::overwriting`]), any value written there; in a
-    /// raced word, a byte some write of it put there, at each of its four places.
+    /// How a read of word `w` at node `i` is judged now: in a raced word, byte by byte; on a page
+    /// another node is overwriting meanwhile ([`Hb::overwriting`]), against any value written
+    /// there; else against the values [`Hb::allowed`] names.
+    fn rule(&self, i: usize, w: usize) -> ReadRule {
+        if self.raced[w] {
+            ReadRule::Bytes
+        } else if self.overwriting(i, locate(w as u32).0) {
+            ReadRule::AnyWritten
+        } else {
+            ReadRule::Values(self.allowed(i, w).0)
+        }
+    }
+    /// Whether node `i` may read `got` in word `w` now ([`Hb::rule`]); byte by byte, each byte
+    /// must be one some write of the word put there, at its place, or zero.
     fn allows(&self, i: usize, w: usize, got: u32) -> bool {
         let hist = &self.hist[w];
-        if self.raced[w] {
-            let written = |k: usize, b: u8| b == 0 || hist.iter().any(|e| e.0.to_ne_bytes()[k] == b);
-            got.to_ne_bytes().iter().enumerate().all(|(k, &b)| written(k, b))
-        } else if self.overwriting(i, locate(w as u32).0) {
-            got == 0 || hist.iter().any(|e| e.0 == got)
-        } else {
-            self.allowed(i, w).0.contains(&got)
+        match self.rule(i, w) {
+            ReadRule::Bytes => {
+                let written = |k: usize, b: u8| b == 0 || hist.iter().any(|e| e.0.to_ne_bytes()[k] == b);
+                got.to_ne_bytes().iter().enumerate().all(|(k, &b)| written(k, b))
+            }
+            ReadRule::AnyWritten => got == 0 || hist.iter().any(|e| e.0 == got),
+            ReadRule::Values(values) => values.contains(&got),
         }
     }
     /// Word `w`'s writes, for a failure's message.
@@ -1503,12 +1514,10 @@ impl Hb {
     }
     /// What [`Hb::allows`] allows, for a failure's message.
     fn describe(&self, i: usize, w: usize) -> String {
-        if self.raced[w] {
-            "any byte of the word's writes (a write-write race)".into()
-        } else if self.overwriting(i, locate(w as u32).0) {
-            "any value written there (another node is overwriting the page)".into()
-        } else {
-            format!("{:x?}", self.allowed(i, w).0)
+        match self.rule(i, w) {
+            ReadRule::Bytes => "any byte of the word's writes (a write-write race)".into(),
+            ReadRule::AnyWritten => "any value written there (another node is overwriting the page)".into(),
+            ReadRule::Values(values) => format!("{values:x?}"),
         }
     }
     /// The values a read of `w` at node `i` may return, and whether that is exactly one.
@@ -1523,6 +1532,16 @@ impl Hb {
         let exact = vals.len() == 1;
         (vals, exact)
     }
+}
+
+/// How [`Hb`] judges a read ([`Hb::rule`]).
+enum ReadRule {
+    /// A raced word: each byte one some write of it put there, or zero.
+    Bytes,
+    /// Another node is overwriting the page, unseen: any value written to the word, or zero.
+    AnyWritten,
+    /// One of these values.
+    Values(Vec<u32>),
 }
 
 /// Random racy programs whose accesses cross locks: any word read or written anywhere, outside
