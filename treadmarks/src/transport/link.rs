@@ -52,12 +52,16 @@
 //! frames' worth of memory. It starts with `RESERVED_BUFFERS` buffers already backed, as many
 //! as a bulk transfer keeps in flight, so that their first use faults no page in either.
 
-use std::io;
+use std::io::{self, IoSlice};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use nix::sys::socket::{MsgFlags, sendmsg};
+use tokio::io::Interest;
 use tokio::io::{AsyncRead, AsyncReadExt, BufReader};
+use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -451,7 +455,7 @@ impl Links {
         let len = parts.len();
         let link = self.open_link(to, &parts.head, len)?;
         let written = if link.unwritten.load(Ordering::Acquire) == 0 {
-            link.half.try_write_vectored(&parts.io_slices()).ok()
+            try_write_vectored_nosignal(&link.half, &parts.io_slices()).ok()
         } else {
             None
         };
@@ -658,6 +662,17 @@ async fn write_loop(half: Arc<OwnedWriteHalf>, mut queue: UnboundedReceiver<Outg
 }
 
 /// Writes all of `bytes` to the shared write half, waiting whenever the socket is full.
+/// `try_write_vectored` with `MSG_NOSIGNAL`: tokio's is a plain `writev`, which raises SIGPIPE
+/// on a connection the peer reset, and that kills the process, with no word of which peer died,
+/// in a program that set SIGPIPE back to its default (a command line tool piped into `head`). Its
+/// scalar writes go through `send` with the flag, as does this.
+fn try_write_vectored_nosignal(half: &OwnedWriteHalf, parts: &[IoSlice<'_>]) -> io::Result<usize> {
+    let stream: &TcpStream = half.as_ref();
+    stream.try_io(Interest::WRITABLE, || {
+        sendmsg::<()>(stream.as_raw_fd(), parts, &[], MsgFlags::MSG_NOSIGNAL, None).map_err(io::Error::from)
+    })
+}
+
 async fn write_all(half: &OwnedWriteHalf, mut bytes: &[u8]) -> io::Result<()> {
     while !bytes.is_empty() {
         half.writable().await?;
@@ -1197,6 +1212,39 @@ mod tests {
             assert_eq!(links.write_error(NodeId(1)), why.strip_prefix("writing to it failed: "));
             assert_eq!(links.write_error(NodeId(0)), None);
         });
+    }
+
+    /// A vectored write to a peer that reset raises no SIGPIPE, which kills a program that set
+    /// it back to its default: blocked on this thread (the runtime's), it would stay pending.
+    #[test]
+    fn a_vectored_write_to_a_reset_peer_raises_no_sigpipe() {
+        use nix::sys::signal::{SigSet, Signal};
+        use nix::sys::signalfd::{SfdFlags, SignalFd};
+        let mut pipe = SigSet::empty();
+        pipe.add(Signal::SIGPIPE);
+        pipe.thread_block().unwrap();
+        let raised = SignalFd::with_flags(&pipe, SfdFlags::SFD_NONBLOCK).unwrap();
+        let (zero, mut one) = two_meshes();
+        drop(one.peers[0].take());
+        let sent = on_runtime(async move {
+            let (tx, _rx) = mpsc::unbounded_channel();
+            let links = Links::start(zero, tx).unwrap();
+            let deadline = tokio::time::Instant::now() + WAIT;
+            let mut direct = 0;
+            while tokio::time::Instant::now() < deadline {
+                let link = links.links[1].as_ref().unwrap();
+                direct += usize::from(link.unwritten.load(Ordering::Acquire) == 0);
+                if links.send_parts(NodeId(1), parts_frame(&[3u8; 20_000])).is_err() {
+                    return direct;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            panic!("sends to a closed peer never failed");
+        });
+        let got = raised.read_signal().unwrap();
+        pipe.thread_unblock().unwrap();
+        assert!(sent >= 2, "only {sent} frames were written directly");
+        assert!(got.is_none(), "a send to the reset peer raised {got:?}");
     }
 
     /// Node 0 runs Links; node 1 plays with its raw stream via `peer`. Returns node 0's events.
