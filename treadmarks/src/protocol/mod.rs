@@ -43,6 +43,7 @@ macro_rules! invariant_eq {
 pub mod ahead;
 pub mod alloc;
 pub mod barrier;
+pub mod cautious;
 pub mod collective;
 pub mod diff;
 pub mod error;

@@ -38,6 +38,7 @@ pub struct DiffAsk {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PageDiffs {
     pub page: PageIdx,
+    #[serde(deserialize_with = "super::cautious::small_vec")]
     pub diffs: DiffList,
 }
 
@@ -50,6 +51,7 @@ pub struct UnaskedDiffs {
     /// it): the diffs are every one after it, up to the writer's newest interval the message
     /// makes known.
     pub after_seq: DiffSeq,
+    #[serde(deserialize_with = "super::cautious::small_vec")]
     pub diffs: DiffList,
 }
 

@@ -19,7 +19,9 @@ const INLINE_NODES: usize = 8;
 
 /// A vector timestamp with one entry per node.
 #[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Debug, Default)]
-pub struct VectorTime(SmallVec<[IntervalIdx; INLINE_NODES]>);
+pub struct VectorTime(
+    #[serde(deserialize_with = "super::cautious::small_vec")] SmallVec<[IntervalIdx; INLINE_NODES]>,
+);
 
 impl VectorTime {
     /// All-zero timestamp for `n` nodes.
