@@ -31,6 +31,7 @@ mod run;
 mod svg;
 
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -160,11 +161,21 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    print!("{}{}{}", report::table(&results), report::message_passing(&results), report::summary(&results));
-    if let Err(e) = report::write_files(&plan.out, &results) {
+    // The files first: a terminal gone (a pager quit during the run) must not lose the results,
+    // and the table is written without `print!`, which panics on a closed stdout.
+    let written = report::write_files(&plan.out, &results);
+    let mut out = std::io::stdout().lock();
+    let _ = write!(
+        out,
+        "{}{}{}",
+        report::table(&results),
+        report::message_passing(&results),
+        report::summary(&results)
+    );
+    if let Err(e) = written {
         eprintln!("tmk-bench: cannot write results to {}: {e}", plan.out.display());
         return ExitCode::FAILURE;
     }
-    println!("wrote {}/bench.json, speedup.svg, efficiency.svg", plan.out.display());
+    let _ = writeln!(out, "wrote {}/bench.json, speedup.svg, efficiency.svg", plan.out.display());
     if results.iter().any(|r| r.failures() > 0) { ExitCode::FAILURE } else { ExitCode::SUCCESS }
 }

@@ -144,16 +144,18 @@ fn run_one(plan: &Plan, app: &AppSpec, size: &Size, mode: &str, n: usize) -> Res
     // them) and take CPU from the next run.
     kill_group(pgid);
     *RUNNING.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    let stdout = out_reader.join().unwrap_or_default();
+    let stderr = err_reader.join().unwrap_or_default();
+    let (stdout, stderr) = (String::from_utf8_lossy(&stdout), String::from_utf8_lossy(&stderr));
     let status = match waited {
         Ok(status) => status.map_err(|e| e.to_string())?,
         Err(_) => {
             let _ = rx.recv();
-            return Err(format!("no result within {:?}; killed", plan.timeout));
+            let said = last_words(&stderr, &stdout);
+            let said = if said.is_empty() { String::new() } else { format!(" ({said})") };
+            return Err(format!("no result within {:?}; killed{said}", plan.timeout));
         }
     };
-    let stdout = out_reader.join().unwrap_or_default();
-    let stderr = err_reader.join().unwrap_or_default();
-    let (stdout, stderr) = (String::from_utf8_lossy(&stdout), String::from_utf8_lossy(&stderr));
     let result = stdout.lines().find_map(|l| l.strip_prefix("RESULT "));
     let passed = stdout.lines().any(|l| l.trim() == "PASS");
     let (Some(result), true, true) = (result, passed, status.success()) else {
@@ -165,7 +167,16 @@ fn run_one(plan: &Plan, app: &AppSpec, size: &Size, mode: &str, n: usize) -> Res
         return Err(format!("{missing}{status} ({})", last_words(&stderr, &stdout)));
     };
     let field = |k: &str| result.split(' ').find_map(|f| f.strip_prefix(&format!("{k}=")));
-    let secs = field("secs").and_then(|s| s.parse().ok()).ok_or("RESULT line without secs")?;
+    // `--args` can override the mode or node count the runner asked for: the cell would hold
+    // another run's time.
+    let n_asked = n.to_string();
+    if field("mode") != Some(mode) || field("nprocs") != Some(n_asked.as_str()) {
+        return Err(format!("RESULT line of another run than --mode {mode} -n {n}: {result}"));
+    }
+    let raw = field("secs").ok_or("RESULT line without secs")?;
+    // A time the charts and ratios can take: not NaN, infinite, zero or negative.
+    let secs = (raw.parse().ok().filter(|s: &f64| s.is_finite() && *s > 0.0))
+        .ok_or_else(|| format!("RESULT line with secs={raw}, not a positive time"))?;
     let detail = result.split_once("detail=").map_or(String::new(), |(_, d)| d.trim_matches('"').to_string());
     let job_stats = summed(&stderr, "TMK_STATS ");
     let timed = summed(&stderr, "TMK_TIMED_STATS ");

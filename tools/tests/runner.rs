@@ -205,7 +205,7 @@ fn runs_that_hang_or_leave_processes_behind_are_killed_whole() {
         &bin,
         "is",
         "sleep 300 >/dev/null 2>&1 &\necho $! >> \"$PIDS\"\n\
-         echo 'RESULT app=is mode=x nprocs=1 secs=0.001 detail=\"fake\"'\necho PASS",
+         echo \"RESULT app=is mode=$2 nprocs=$4 secs=0.001 detail=\\\"fake\\\"\"\necho PASS",
     );
     fake_app(&bin, "lu", "echo $$ >> \"$PIDS\"\nexec sleep 300");
     let out = bench()
@@ -316,4 +316,39 @@ fn an_interrupt_stops_the_runner_and_kills_the_run_in_progress() {
     }
     let left: Vec<i32> = read_pids().into_iter().filter(|&p| alive(p)).collect();
     assert!(left.is_empty(), "still running: {left:?}\n{stderr}");
+}
+
+/// A RESULT line the runner cannot take (a time that is no time, another mode's run) fails its
+/// run with the reason; a run killed at the timeout keeps its last words; and the results are
+/// written even when the table cannot be (standard output full).
+#[test]
+fn results_that_cannot_be_taken_fail_and_the_files_survive_a_lost_terminal() {
+    let scratch = Scratch::new("untakeable");
+    let (bin, out_dir) = (scratch.0.join("bin"), scratch.0.join("out"));
+    std::fs::create_dir_all(&bin).expect("a bin directory");
+    fake_app(&bin, "is", "echo \"RESULT app=is mode=$2 nprocs=$4 secs=NaN detail=\\\"fake\\\"\"\necho PASS");
+    fake_app(&bin, "lu", "echo \"RESULT app=lu mode=seq nprocs=1 secs=0.01 detail=\\\"fake\\\"\"\necho PASS");
+    fake_app(&bin, "fft", "echo 'fft was here' >&2\nexec sleep 300");
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").expect("/dev/full");
+    let out = bench()
+        .args(["--apps", "is,lu,fft", "--nodes", "1", "--reps", "1", "--timeout", "1", "--bin"])
+        .arg(&bin)
+        .arg("--out")
+        .arg(&out_dir)
+        .stdout(full)
+        .output()
+        .expect("tmk-bench runs");
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(!all.contains("panicked"), "{all}");
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out_dir.join("bench.json")).expect("bench.json written"))
+            .expect("bench.json is JSON");
+    let errors =
+        |app: usize, cell: &str| json["apps"][app][cell]["errors"][0].as_str().unwrap_or("").to_string();
+    assert!(errors(0, "seq").contains("secs=NaN, not a positive time"), "{}", json["apps"][0]);
+    assert!(errors(1, "seq").is_empty(), "{}", json["apps"][1]);
+    let lu_dsm = json["apps"][1]["runs"][0]["dsm"]["errors"][0].as_str().unwrap_or("");
+    assert!(lu_dsm.contains("RESULT line of another run than --mode dsm -n 1"), "{}", json["apps"][1]);
+    assert!(errors(2, "seq").ends_with("killed (fft was here)"), "{}", json["apps"][2]);
 }
