@@ -243,7 +243,7 @@ fn fast_write(heap: &Heap, page: u32, addr: usize) {
     // SAFETY: we own BUSY (taken from READ_ONLY), so `make_twin` and `set_access` cannot touch
     // the page or its twin; the page is read-only in the application view and the only thread
     // allowed to touch the app view is this one (we are in its handler), so nobody writes it.
-    unsafe { heap.copy_to_twin(page) };
+    unsafe { heap.twin_at_fault(page) };
     if let Err(err) = heap.protect_run(page, 1, state::READ_WRITE) {
         heap.state(page).store(state::READ_ONLY, Ordering::Release);
         let errno = err.raw_os_error().unwrap_or(0) as u64;
@@ -404,7 +404,7 @@ fn resolve_valid_uffd(
     // SAFETY: we own BUSY (taken from READ_ONLY), so `make_twin` and `set_access` cannot touch
     // the page or its twin; the page is write-protected or unmapped in the application view and
     // only this thread (in its handler) may touch that view, so nobody writes it.
-    unsafe { heap.copy_to_twin(page) };
+    unsafe { heap.twin_at_fault(page) };
     let made = if mapped {
         uffd.writeprotect(start, ps, false)
     } else {

@@ -689,6 +689,21 @@ impl Heap {
         unsafe { std::ptr::copy_nonoverlapping(self.runtime_page(p), slot, self.page_size) };
     }
 
+    /// The fault handler's twin of page `p`, at a write fault on it: a copy of the page
+    /// ([`Heap::copy_to_twin`]), unless its last twin is still in the ring, untaken: the node has
+    /// not heard of that twin, so no diff holds the writes made since it, and it stays (the page
+    /// was made read-only again without the node's knowledge: recopied, those writes would be in
+    /// no diff). Async-signal-safe.
+    ///
+    /// # Safety
+    /// As [`Heap::copy_to_twin`].
+    pub(super) unsafe fn twin_at_fault(&self, p: u32) {
+        if !self.ring.is_queued(p) {
+            // SAFETY: the caller's contract is `copy_to_twin`'s.
+            unsafe { self.copy_to_twin(p) };
+        }
+    }
+
     /// The runtime is about to write page `p` (through the runtime view): it may no longer hold
     /// zeros (see `copy_to_twin`).
     pub(super) fn note_written(&self, p: u32) {

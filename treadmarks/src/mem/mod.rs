@@ -139,10 +139,12 @@
 //!   `UFFD_USER_MODE_ONLY`): copy through private memory, as for writes into the heap.
 //!
 //! # Hazards the runtime must respect
-//! - The fast path twins any `READ_ONLY` page on the first write, overwriting the twin slot.
-//!   A page made `Read` while its twin is still needed (a diff not yet made: lazy diffing) loses
-//!   that twin at the next application write. Make the diff before re-protecting to `Read`, or
-//!   revoke to `None` or freeze (slow path, the service thread decides), while a twin is pending.
+//! - The fast path twins any `READ_ONLY` page on the first write, overwriting the twin slot,
+//!   unless the page's last twin is still in the ring, untaken (`Heap::twin_at_fault`): a twin
+//!   the node has not heard of stays. A page made `Read` while a twin the node *has* taken is
+//!   still needed (a diff not yet made: lazy diffing) loses that twin at the next application
+//!   write. Make the diff before re-protecting to `Read`, or revoke to `None` or freeze (slow
+//!   path, the service thread decides), while a twin is pending.
 //! - A `READ_ONLY` page can become writable at any instant through the fast path, so a slice
 //!   from `page()`/`twin()` of a `Read` page may observe concurrent application stores. To read a
 //!   page stably, revoke to `None` or freeze it first; to copy a page the application may be

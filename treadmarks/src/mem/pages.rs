@@ -184,11 +184,21 @@ impl HeapPages {
                 for (k, &s) in old.iter().enumerate().filter(|&(k, _)| k < i || k >= j) {
                     heap.state(first.0 + k as u32).store(if k < i { new } else { s }, Ordering::Release);
                 }
+                let hint = match op {
+                    "mprotect" if errno == libc::ENOMEM => {
+                        "; ENOMEM from mprotect usually means the heap is split into more \
+                         differently-protected runs than vm.max_map_count allows (raise it with \
+                         `sysctl vm.max_map_count=...`, or use TMK_FAULTS=uffd)"
+                    }
+                    "fallocate" => {
+                        "; the heap's memory file could not grow: its tmpfs is full, or the \
+                         process's memory limit (cgroup) is reached"
+                    }
+                    _ => "",
+                };
                 panic!(
                     "{op} of pages {}..{} ({} bytes at {:p}, {} backend) to {} failed: {} \
-                     (errno {errno}); ENOMEM from mprotect usually means the heap is split into \
-                     more differently-protected runs than vm.max_map_count allows (raise it with \
-                     `sysctl vm.max_map_count=...`, or use TMK_FAULTS=uffd)",
+                     (errno {errno}){hint}",
                     sub_first,
                     first.0 as usize + j,
                     (j - i) * heap.page_size(),
@@ -201,6 +211,11 @@ impl HeapPages {
             i = j;
         }
         for p in first.0..first.0 + count {
+            // A writable page may be written unseen: its first twin must be a copy, never the
+            // zero page `copy_to_twin` assumes of a page never written.
+            if new == state::READ_WRITE {
+                heap.note_written(p);
+            }
             heap.state(p).store(new, Ordering::Release);
         }
         old

@@ -57,6 +57,11 @@ impl TwinRing {
         self.tail.store(tail.wrapping_add(1), Ordering::Release);
     }
 
+    /// Whether `page` is queued (a twin the handler made that no drain has taken yet).
+    pub(super) fn is_queued(&self, page: u32) -> bool {
+        self.queued[page as usize].load(Ordering::Acquire)
+    }
+
     /// Pops every page queued when the drain starts, calling `f` on each. Panics if two threads
     /// drain at once (a bug in the caller: the runtime drains only while it holds the node).
     pub(super) fn drain(&self, mut f: impl FnMut(PageIdx)) {

@@ -762,6 +762,52 @@ fn revoke_sees_the_handlers_twin_uffd() {
     }
 }
 
+/// A page the handler twinned after the node last took its ring, made read-only again behind
+/// the node's back, keeps that twin at its next write fault: recopied, it would hold the writes
+/// made since, and they would be in no diff.
+fn an_untaken_twin_survives_the_next_write_fault(backend: FaultBackend, test: &str) {
+    run_in_child(test, || {
+        let heap = map(layout(41, 2), backend).unwrap();
+        let ps = heap.page_size();
+        let bell = Doorbell::new().unwrap();
+        let mut pages = HeapPages(heap.clone());
+        fill_read_only(&mut pages, 1, 0xaa);
+        let _handler = FaultHandler::install(heap.clone(), bell.clone()).unwrap();
+        let p = PageIdx(1);
+        app_write(&heap, ps + 10, 0x11);
+        pages.set_access(p, 1, Access::Read);
+        app_write(&heap, ps + 20, 0x22);
+        assert_eq!(heap.counters().fast_write_faults, 2);
+        assert_eq!((pages.twin(p)[10], pages.twin(p)[20]), (0xaa, 0xaa), "the first twin stays");
+        let mut taken = Vec::new();
+        heap.drain_fast_twins(|q| taken.push(q));
+        assert_eq!(taken, [p], "one twin to take");
+        // Taken, the next twin is a copy again.
+        pages.set_access(p, 1, Access::Read);
+        app_write(&heap, ps + 30, 0x33);
+        assert_eq!((pages.twin(p)[10], pages.twin(p)[20], pages.twin(p)[30]), (0x11, 0x22, 0xaa));
+    })
+    .assert_success();
+}
+
+#[test]
+fn an_untaken_twin_survives_the_next_write_fault_mprotect() {
+    an_untaken_twin_survives_the_next_write_fault(
+        FaultBackend::Mprotect,
+        test_name!(an_untaken_twin_survives_the_next_write_fault_mprotect),
+    );
+}
+
+#[test]
+fn an_untaken_twin_survives_the_next_write_fault_uffd() {
+    if uffd_or_skip() {
+        an_untaken_twin_survives_the_next_write_fault(
+            FaultBackend::Uffd,
+            test_name!(an_untaken_twin_survives_the_next_write_fault_uffd),
+        );
+    }
+}
+
 /// A real-time service thread on the application's CPU waits out a `BUSY` that the
 /// application thread holds (its fault handler, mid-twin, when a frame woke the service
 /// thread): by sleeping, which lets the holder run. Yielding alone never did, at real-time

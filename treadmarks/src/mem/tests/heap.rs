@@ -133,6 +133,21 @@ fn a_skipped_twin_copies_nothing_but_the_next_twin_of_the_page_is_a_copy() {
 }
 
 #[test]
+fn a_page_made_writable_without_a_twin_is_copied_at_its_first_twin() {
+    let heap = Heap::map(layout(52, 2)).unwrap();
+    let mut pages = HeapPages(heap.clone());
+    // Page 0, never written nor twinned, made writable straight away: the application may
+    // write it unseen (a writable page never faults), so its first twin must be a copy.
+    pages.set_access(PageIdx(0), 1, Access::ReadWrite);
+    // SAFETY: inside the application view, page 0 just made writable.
+    unsafe { std::ptr::write_volatile(heap.app_base().add(11), 5u8) };
+    pages.set_access(PageIdx(0), 1, Access::Read);
+    pages.make_twin(PageIdx(0));
+    assert_eq!(pages.twin(PageIdx(0))[11], 5);
+    assert_eq!(heap.counters().zero_twins, 0);
+}
+
+#[test]
 #[should_panic(expected = "skip_twin(page 0)")]
 fn skipping_the_twin_of_a_writable_page_is_refused() {
     let heap = Heap::map(layout(51, 1)).unwrap();
