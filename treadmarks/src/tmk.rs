@@ -619,7 +619,9 @@ impl Tmk {
                     self.pages_of_parts(h, parts, |heap, offset, len| {
                         let ps = heap.page_size() as u64;
                         let first = offset.div_ceil(ps);
-                        (first..((offset + len) / ps).max(first)).map(|p| PageIdx(p as u32)).collect()
+                        (first..(offset.saturating_add(len) / ps).max(first))
+                            .map(|p| PageIdx(p as u32))
+                            .collect()
                     })?
                 } else {
                     Vec::new()
@@ -690,7 +692,9 @@ impl Tmk {
     }
 
     fn bytes<T>(h: &Shared<[T]>) -> u64 {
-        (h.len() * size_of::<T>()) as u64
+        // Saturating: a made-up handle too long for the address space is out of every heap
+        // (the borrow's range check refuses it), never wrapped round to a short range.
+        (h.len() as u64).saturating_mul(size_of::<T>() as u64)
     }
 
     /// Reads a shared value.
