@@ -230,10 +230,12 @@ fn meet_as_root(
         })
         .or_else(|| gather_ready(&mut joined, deadline).err());
     if let Some((i, err)) = failed {
-        // Every other rank is told why: those still to be sent the table that it will not come,
-        // those that have it that the rank will not connect to them.
+        // Every rank is told why: those still to be sent the table that it will not come, those
+        // that have it that the rank will not connect to them, and the rank itself (alive, maybe,
+        // only the first still missing at a timeout: a closed connection alone would read as
+        // the root's death). Best effort, each bounded by `REJECT_WRITE_TIMEOUT`.
         let reason = format!("node {}: {err}", i + 1);
-        for (_, j) in joined.into_iter().enumerate().filter(|&(k, _)| k != i) {
+        for j in joined {
             reject(j.stream, j.from, &reason);
         }
         return Err(err);
@@ -1047,6 +1049,41 @@ mod tests {
                 started.elapsed()
             );
         }
+    }
+
+    /// The rank a meeting fails on is told why too: here rank 1 joins, takes the table and then
+    /// says nothing (alive, only the first still missing when the root's time runs out), and it
+    /// reads the root's reason instead of a closed connection that would read as the root's death.
+    #[test]
+    fn the_rank_a_meeting_fails_on_is_told_why() {
+        let (listener, root) = bind_root();
+        let root_node = thread::spawn(move || {
+            connect_mesh(&config(3, 0, root, Duration::from_millis(700)), Some(listener))
+        });
+        // Rank 1's listener takes connections into its backlog and never answers.
+        let quiet = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut raw = TcpStream::connect(root).unwrap();
+        let hello = Handshake::Hello {
+            rank: NodeId(1),
+            nprocs: 3,
+            fingerprint: FP.to_owned(),
+            listen_addr: quiet.local_addr().unwrap(),
+        };
+        (&raw).write_all(&codec::frame(&hello).unwrap()).unwrap();
+        let rank_2 = thread::spawn(move || connect_mesh(&config(3, 2, root, Duration::from_secs(5)), None));
+        let deadline = Deadline::after(Duration::from_secs(10));
+        let table = recv(&mut raw, root, &deadline, "receive from", || "the table".into()).unwrap();
+        assert!(matches!(table, Handshake::Table { .. }), "{table:?}");
+        let told = recv(&mut raw, root, &deadline, "receive from", || "the reject".into());
+        let root_err = root_node.join().unwrap().unwrap_err();
+        assert!(matches!(root_err, TransportError::Timeout { .. }), "{root_err}");
+        assert!(
+            matches!(&told, Ok(Handshake::Reject { reason }) if reason.starts_with("node 1: ")),
+            "rank 1 was told {told:?}"
+        );
+        let peer = rank_2.join().unwrap().unwrap_err();
+        assert!(matches!(&peer, TransportError::Rejected { .. }), "{peer}");
+        drop(quiet);
     }
 
     #[test]
