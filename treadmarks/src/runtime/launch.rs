@@ -18,6 +18,11 @@ pub(crate) struct Children {
     procs: Vec<(NodeId, Child)>,
 }
 
+/// How long the startup watch lets the meeting end on its own after a node exited, before it
+/// stops the process itself: a root that failed the meeting rejects each peer (each reject
+/// bounded by 200 ms) before its error comes back, and the peers exit on the reject.
+const MEETING_GRACE: Duration = Duration::from_secs(2);
+
 /// Watches spawned nodes while the job meets: a node that exits before the meeting ends (a heap
 /// it cannot map, say) would otherwise leave this process waiting out the meeting's timeout.
 /// [`StartupWatch::finish`] ends the watch and hands the nodes back; dropped instead (the
@@ -42,6 +47,15 @@ impl StartupWatch {
                 while !s.load(Ordering::Acquire) {
                     let exited = c.lock().expect("children").first_exited();
                     if let Some((node, status)) = exited {
+                        // The meeting may be failing already, the node exiting on the root's
+                        // reject: the meeting's own error, naming the cause, is the one to give.
+                        let grace = Instant::now() + MEETING_GRACE;
+                        while Instant::now() < grace && !s.load(Ordering::Acquire) {
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                        if s.load(Ordering::Acquire) {
+                            return;
+                        }
                         crate::report(&format!(
                             "treadmarks: {node} exited while the job was starting ({status}); stopping"
                         ));
