@@ -246,10 +246,32 @@ fn max_error(got: &[f64], want: &[f64]) -> f64 {
     worst(got.iter().zip(want).map(|(x, y)| if x == y { 0.0 } else { (x - y).abs() / y.abs() }))
 }
 
-/// The componentwise backward error of L x U against the matrix on every 16th row: the largest
-/// |(L x U - A)_ij| / (|L| x |U|)_ij (L unit lower triangular and U upper, packed in `lu`).
+/// How far L x U (L unit lower triangular and U upper, packed in `lu`) is from the matrix: the
+/// componentwise backward error on every 16th row, the largest |(L x U - A)_ij| / (|L| x
+/// |U|)_ij, and on every row, through a vector x of positive entries, the largest
+/// |(L (U x) - A x)_i| / (|L| (|U| x))_i: an entry wrong anywhere in L or U shows in the second.
 fn residual(s: &Size, lu: &[f64], a: &[f64]) -> f64 {
+    let n = s.n;
+    let x: Vec<f64> = (0..n).map(|i| 0.5 + ((i * 7919) % 1000) as f64 / 1000.0).collect();
+    let (mut ux, mut ux_mag) = (vec![0.0; n], vec![0.0; n]);
+    for k in 0..n {
+        for j in k..n {
+            let p = lu[s.at(k, j)] * x[j];
+            ux[k] += p;
+            ux_mag[k] += p.abs();
+        }
+    }
     let mut errs = Vec::new();
+    for i in 0..n {
+        let (mut lux, mut mag) = (ux[i], ux_mag[i]);
+        for k in 0..i {
+            lux += lu[s.at(i, k)] * ux[k];
+            mag += (lu[s.at(i, k)] * ux_mag[k]).abs();
+        }
+        let ax: f64 = (0..n).map(|j| a[s.at(i, j)] * x[j]).sum();
+        let diff = (lux - ax).abs();
+        errs.push(if mag > 0.0 { diff / mag } else { diff });
+    }
     for i in (0..s.n).step_by(16) {
         for j in 0..s.n {
             let u_ij = if i <= j { lu[s.at(i, j)] } else { 0.0 };
@@ -433,4 +455,25 @@ fn main() -> ExitCode {
         };
         Ok(Outcome { secs, ok, detail })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The check sees an entry wrong on a row the sampled rows skip, in L or in U.
+    #[test]
+    fn a_wrong_entry_on_any_row_fails_the_check() {
+        let s = Size { n: 64, bs: 16, nb: 4 };
+        let a = initial(&s);
+        let mut lu = a.clone();
+        factor_seq(&s, &mut lu);
+        assert!(residual(&s, &lu, &a) <= TOLERANCE);
+        for (i, j) in [(17, 3), (33, 50)] {
+            let mut bad = lu.clone();
+            bad[s.at(i, j)] *= 1.0 + 1e-6;
+            let r = residual(&s, &bad, &a);
+            assert!(r > TOLERANCE, "entry ({i}, {j}) off by 1e-6 gives {r:e}");
+        }
+    }
 }
