@@ -230,7 +230,7 @@ unsafe fn handle_in_context(
                 // INVALID, or FROZEN (a write while the twin is cut): needs the service thread
                 // (and maybe the network).
                 AtomicCounters::bump(&counters.handoffs);
-                ctx.doorbell.hand_off_fault(page, kind);
+                ctx.heap.app_waits_in_handler(|| ctx.doorbell.hand_off_fault(page, kind));
                 return Outcome::Retry;
             }
         }
@@ -312,7 +312,7 @@ fn handle_uffd(
                 // off like any miss; the service thread tolerates a hand-off for a page that is
                 // valid again by the time it looks.
                 AtomicCounters::bump(&counters.handoffs);
-                ctx.doorbell.hand_off_fault(page, kind);
+                ctx.heap.app_waits_in_handler(|| ctx.doorbell.hand_off_fault(page, kind));
                 return Outcome::Retry;
             }
             state::READ_ONLY | state::READ_WRITE => {

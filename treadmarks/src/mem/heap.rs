@@ -122,11 +122,26 @@ pub struct Heap {
     /// references into the heap's bytes that are exclusive only if it is the only one.
     pub(super) pages_claimed: AtomicBool,
     pub(super) tracker_claimed: AtomicBool,
+    /// How many calls into the runtime the application thread is inside ([`Heap::app_inside`]),
+    /// the fault handler's wait for the service thread among them: what `HeapPages`' reads of
+    /// pages the application could write otherwise check (`HeapPages::check_app_inside`).
+    app_inside: AtomicU32,
+}
+
+/// The application thread is inside a call into the runtime while this lives
+/// ([`Heap::app_inside`]).
+#[must_use = "the application counts as inside only while the guard lives"]
+pub(crate) struct AppInside<'a>(&'a Heap);
+
+impl Drop for AppInside<'_> {
+    fn drop(&mut self) {
+        self.0.app_inside.fetch_sub(1, Ordering::Release);
+    }
 }
 
 // SAFETY: the raw pointers are addresses of mappings owned by the `Heap` for its whole life
 // (unmapped only in `Drop`); all shared mutable state reachable through `&Heap` is atomic
-// (`states`, `ring`, `counters`), and the page bytes behind the pointers are only handed out by
+// (`states`, `ring`, `counters`, `app_inside`, and the per-page flags and slots), and the page bytes behind the pointers are only handed out by
 // `HeapPages` under the page-sharing rule, never through `&Heap` itself.
 unsafe impl Send for Heap {}
 // SAFETY: see `Send` above.
@@ -339,6 +354,7 @@ impl Heap {
             counters: AtomicCounters::default(),
             pages_claimed: AtomicBool::new(false),
             tracker_claimed: AtomicBool::new(false),
+            app_inside: AtomicU32::new(0),
         }))
     }
 
@@ -687,6 +703,29 @@ impl Heap {
         // SAFETY: both ranges are `page_size` bytes inside live mappings of this heap (offset
         // checked), in distinct mappings so they do not overlap; the caller excludes writers.
         unsafe { std::ptr::copy_nonoverlapping(self.runtime_page(p), slot, self.page_size) };
+    }
+
+    /// Marks the application thread inside a call into the runtime until the guard drops: it
+    /// runs no application code meanwhile, so no page of the application view is written, and
+    /// the protocol core may read pages and twins that are writable or read-only in it
+    /// (`Node::app_blocked`). The runtime takes it around every call; the fault handler takes
+    /// it while it waits for the service thread ([`Heap::app_waits_in_handler`]).
+    pub(crate) fn app_inside(&self) -> AppInside<'_> {
+        self.app_inside.fetch_add(1, Ordering::AcqRel);
+        AppInside(self)
+    }
+
+    /// [`Heap::app_inside`] for the fault handler, around `f` (its wait for the service thread):
+    /// no guard, whose drop a signal handler would have to rely on. Async-signal-safe.
+    pub(super) fn app_waits_in_handler(&self, f: impl FnOnce()) {
+        self.app_inside.fetch_add(1, Ordering::AcqRel);
+        f();
+        self.app_inside.fetch_sub(1, Ordering::Release);
+    }
+
+    /// Whether the application thread is inside a call into the runtime ([`Heap::app_inside`]).
+    pub(super) fn app_is_inside(&self) -> bool {
+        self.app_inside.load(Ordering::Acquire) > 0
     }
 
     /// The fault handler's twin of page `p`, at a write fault on it: a copy of the page

@@ -64,6 +64,21 @@ impl HeapPages {
         heap.state(i).store(s, Ordering::Release);
     }
 
+    /// Panics unless the application thread is inside a call into the runtime (`Heap::app_inside`)
+    /// when page `p` is valid in the application view (read-only or writable): `what` reads
+    /// bytes that its stores, or the fault handler's twin at its next write, could change
+    /// meanwhile. The protocol core calls these only while `Node::app_blocked` says the
+    /// application waits (the simulation checks it of the core); this checks that the runtime
+    /// agrees.
+    fn check_app_inside(&self, i: u32, s: u8, what: &str) {
+        assert!(
+            !(s == state::READ_ONLY || s == state::READ_WRITE) || self.0.app_is_inside(),
+            "HeapPages::{what}(page {i}) of a {} page while the application runs: it may be \
+             writing it (bug: the protocol core thinks it waits in a call)",
+            state::name(s)
+        );
+    }
+
     fn check(&self, p: PageIdx) -> u32 {
         assert!(p.0 < self.0.npages(), "{p} out of range: the heap has {} pages", self.0.npages());
         p.0
@@ -297,8 +312,9 @@ impl PageMemory for HeapPages {
         // a read-only page is resolved in the handler, though (module docs, "hazards"): callers
         // revoke or freeze the page first, or read it only while the application is blocked in
         // a call into the runtime (`Cut::Blocked` in the protocol core).
+        self.check_app_inside(i, s, "page");
         // SAFETY: one page of the runtime view, live while `self.0` is, not written meanwhile
-        // (invalid or frozen, or read-only with the application blocked: see above).
+        // (invalid or frozen, or read-only with the application blocked: see above, checked).
         unsafe { std::slice::from_raw_parts(self.0.runtime_page(i), self.0.page_size()) }
     }
 
@@ -322,6 +338,11 @@ impl PageMemory for HeapPages {
 
     fn twin(&self, p: PageIdx) -> &[u8] {
         let i = self.check(p);
+        // Only the handler's twin of a read-only page at a write can change it under us.
+        let s = state::load_stable(self.0.state(i));
+        if s == state::READ_ONLY {
+            self.check_app_inside(i, s, "twin");
+        }
         // SAFETY: one page of the twin area, live while `self.0` is. The twin slot is written
         // only by `make_twin` (needs `&mut self`) and by the signal handler while it owns the
         // page's BUSY state on a read-only to read-write transition (see module docs, "hazards").
@@ -331,9 +352,10 @@ impl PageMemory for HeapPages {
     fn same_as_twin(&self, p: PageIdx) -> bool {
         let i = self.check(p);
         let ps = self.0.page_size();
-        // The caller (the protocol core, at an interval's end) guarantees the application thread
-        // is inside a synchronization call, so nothing writes the page or its twin meanwhile (the
+        // Frozen or invalid, nothing writes the page or its twin; otherwise the application
+        // thread is inside a call into the runtime (checked), so nothing does either (the
         // handler writes a twin only when the application faults).
+        self.check_app_inside(i, state::load_stable(self.0.state(i)), "same_as_twin");
         // SAFETY: a page each of the runtime view and twin area, live, not written meanwhile.
         let (page, twin) = unsafe {
             (
@@ -351,8 +373,9 @@ impl PageMemory for HeapPages {
             s != state::INVALID,
             "HeapPages::page_while_blocked({p}): the page is invalid (bug in the caller)"
         );
-        // The caller guarantees the application thread is blocked inside a call into the
-        // runtime, so nothing writes the page meanwhile, writable or not (as in `same_as_twin`).
+        // The application thread is blocked inside a call into the runtime (checked), so nothing
+        // writes the page meanwhile, writable or not (as in `same_as_twin`).
+        self.check_app_inside(i, s, "page_while_blocked");
         // SAFETY: one page of the runtime view, live while `self.0` is, not written meanwhile.
         unsafe { std::slice::from_raw_parts(self.0.runtime_page(i), self.0.page_size()) }
     }
@@ -366,18 +389,21 @@ impl PageMemory for HeapPages {
              read-only (bug in the caller)",
             state::name(s)
         );
-        // The caller guarantees the application thread is blocked inside a call into the
-        // runtime, so nothing reads the page meanwhile; it cannot write it (read-only), and the
+        // The application thread is blocked inside a call into the runtime (checked), so nothing
+        // reads the page meanwhile; it cannot write it (read-only), and the
         // state stays READ_ONLY while this `&mut self` borrow lives. Only one `HeapPages` exists
         // per heap.
+        self.check_app_inside(i, s, "page_mut_while_blocked");
         self.0.note_written(i);
         // SAFETY: one page of the runtime view, live while `self.0` is; nothing else aliases it.
         unsafe { std::slice::from_raw_parts_mut(self.0.runtime_page(i), self.0.page_size()) }
     }
 
     fn renew_twin_while_blocked(&mut self, p: PageIdx) {
-        // The caller guarantees the application thread is blocked inside a call into the
-        // runtime, so nobody writes the page, writable or not.
+        // The application thread is blocked inside a call into the runtime (checked), so nobody
+        // writes the page, writable or not.
+        let i = self.check(p);
+        self.check_app_inside(i, state::load_stable(self.0.state(i)), "renew_twin_while_blocked");
         self.twin_unless(p, state::INVALID, || {
             format!("HeapPages::renew_twin_while_blocked({p}): the page is invalid (bug in the caller)")
         });

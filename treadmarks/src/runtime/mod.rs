@@ -182,6 +182,8 @@ impl Engine {
     pub fn call(&mut self, cmd: Command) -> Result<Reply> {
         match self {
             Engine::Local { node, stats } => {
+                let heap = node.mem.0.clone();
+                let _inside = heap.app_inside();
                 if matches!(cmd, Command::Shutdown { .. }) {
                     return Ok(Reply::ShutDown);
                 }
@@ -199,6 +201,7 @@ impl Engine {
                 Ok(reply.expect("a one-node job completes every request at once"))
             }
             Engine::Remote { mailbox, node, heap, .. } => {
+                let _inside = heap.app_inside();
                 // A release runs on the application thread; a waiting acquirer gets its grant
                 // from the service thread, which sends it.
                 if let Command::Release(lock) = cmd
@@ -222,6 +225,7 @@ impl Engine {
         heap: &Heap,
         op: impl FnOnce(&mut Node<HeapPages>) -> T,
     ) -> T {
+        let _inside = heap.app_inside();
         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mut node = lock_node(heap, node);
             let out = op(&mut node);
@@ -274,6 +278,7 @@ impl Engine {
         match self {
             Engine::Local { .. } => Ok(()),
             Engine::Remote { mailbox, node, heap, .. } => {
+                let _inside = heap.app_inside();
                 if !mailbox.failed.load(Ordering::Acquire) {
                     // Some(completed at once) if the node said it needs no message.
                     let here = Self::on_app_thread(mailbox, node, heap, |node| -> Result<Option<bool>> {

@@ -94,6 +94,8 @@ fn fast_path_twins_a_write_to_a_read_only_page(backend: FaultBackend, test: &str
 fn pages_made_writable_ahead_take_no_fault(backend: FaultBackend, test: &str) {
     run_in_child(test, || {
         let heap = map(layout(10, 16), backend).unwrap();
+        // The test is the runtime, its application waiting in a call.
+        let _inside = heap.app_inside();
         let ps = heap.page_size();
         let bell = Doorbell::new().unwrap();
         let mut pages = HeapPages(heap.clone());

@@ -12,6 +12,8 @@ use crate::protocol::memory::{Access, PageMemory};
 fn maps_at_fixed_base_and_refuses_overlap() {
     let l = layout(1, 64);
     let heap = Heap::map(l).expect("map the first heap");
+    // The test is the runtime, its application waiting in a call.
+    let _inside = heap.app_inside();
     assert_eq!(heap.app_base() as usize, l.base);
     assert_eq!(heap.size(), l.size);
     assert_eq!(heap.page_size(), 4096);
@@ -47,6 +49,7 @@ fn maps_at_fixed_base_and_refuses_overlap() {
     assert!(matches!(Heap::map(shifted), Err(MemError::AddressInUse { .. })));
 
     drop(pages);
+    drop(_inside);
     drop(heap);
     Heap::map(l).expect("the range is free again after drop");
 }
@@ -70,6 +73,8 @@ fn rejects_bad_layouts() {
 fn unprotected_heap_is_writable_without_a_handler() {
     let l = HeapLayout { protect: false, ..layout(3, 4) };
     let heap = Heap::map(l).unwrap();
+    // The test is the runtime, its application waiting in a call.
+    let _inside = heap.app_inside();
     let p = heap.app_base();
     // SAFETY: inside the application view, mapped read-write because protect = false.
     unsafe { std::ptr::write_volatile(p.add(4096 + 7), 42u8) };
@@ -83,6 +88,8 @@ fn unprotected_heap_is_writable_without_a_handler() {
 #[test]
 fn the_first_twin_of_a_never_written_page_takes_no_copy() {
     let heap = Heap::map(layout(30, 4)).unwrap();
+    // The test is the runtime, its application waiting in a call.
+    let _inside = heap.app_inside();
     let mut pages = HeapPages(heap.clone());
     // Page 1 was never written: its twin is the fresh slot's zeros, made without a copy.
     pages.make_twin(PageIdx(1));
@@ -104,6 +111,7 @@ fn the_first_twin_of_a_never_written_page_takes_no_copy() {
 
     // Unprotected, the application may have written any page: a first twin is always a copy.
     let heap = Heap::map(HeapLayout { protect: false, ..layout(31, 2) }).unwrap();
+    let _inside = heap.app_inside();
     // SAFETY: inside the application view, mapped read-write because protect = false.
     unsafe { std::ptr::write_volatile(heap.app_base().add(5), 42u8) };
     let mut pages = HeapPages(heap.clone());
@@ -116,6 +124,8 @@ fn the_first_twin_of_a_never_written_page_takes_no_copy() {
 #[test]
 fn a_skipped_twin_copies_nothing_but_the_next_twin_of_the_page_is_a_copy() {
     let heap = Heap::map(layout(50, 2)).unwrap();
+    // The test is the runtime, its application waiting in a call.
+    let _inside = heap.app_inside();
     let mut pages = HeapPages(heap.clone());
     // Page 1, never written, is declared overwritten: no twin, not even a zero one. The page
     // is made writable and the application writes it.
@@ -135,6 +145,8 @@ fn a_skipped_twin_copies_nothing_but_the_next_twin_of_the_page_is_a_copy() {
 #[test]
 fn a_page_made_writable_without_a_twin_is_copied_at_its_first_twin() {
     let heap = Heap::map(layout(52, 2)).unwrap();
+    // The test is the runtime, its application waiting in a call.
+    let _inside = heap.app_inside();
     let mut pages = HeapPages(heap.clone());
     // Page 0, never written nor twinned, made writable straight away: the application may
     // write it unseen (a writable page never faults), so its first twin must be a copy.
@@ -145,6 +157,32 @@ fn a_page_made_writable_without_a_twin_is_copied_at_its_first_twin() {
     pages.make_twin(PageIdx(0));
     assert_eq!(pages.twin(PageIdx(0))[11], 5);
     assert_eq!(heap.counters().zero_twins, 0);
+}
+
+#[test]
+fn reading_a_valid_page_while_the_application_runs_is_refused() {
+    let heap = Heap::map(layout(53, 2)).unwrap();
+    let mut pages = HeapPages(heap.clone());
+    // Read-only: the handler may twin it at a write, and the application write it, meanwhile.
+    let refused = |pages: &HeapPages, what: &str| {
+        let r = catch_unwind(AssertUnwindSafe(|| match what {
+            "page" => pages.page(PageIdx(0)).len(),
+            "twin" => pages.twin(PageIdx(0)).len(),
+            _ => pages.page_while_blocked(PageIdx(0)).len(),
+        }));
+        let msg = r.expect_err(what);
+        let msg = msg.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(msg.contains("while the application runs"), "{what}: {msg}");
+    };
+    for what in ["page", "twin", "page_while_blocked"] {
+        refused(&pages, what);
+    }
+    // Inside a call it may; and an invalid page may always be read (nothing writes it).
+    let inside = heap.app_inside();
+    assert_eq!(pages.page(PageIdx(0)).len(), 4096);
+    drop(inside);
+    pages.set_access(PageIdx(1), 1, Access::None);
+    assert_eq!(pages.page(PageIdx(1)).len(), 4096);
 }
 
 #[test]
@@ -280,6 +318,8 @@ fn heap_pages_enforce_the_page_sharing_rule_on_userfaultfd() {
 
 fn page_sharing_rule_on(backend: FaultBackend, slot: usize) {
     let heap = Heap::map_with(layout(slot, 8), backend).unwrap();
+    // The test is the runtime, its application waiting in a call.
+    let _inside = heap.app_inside();
     let mut pages = HeapPages(heap.clone());
 
     pages.set_access(PageIdx(0), 2, Access::ReadWrite);
@@ -485,6 +525,8 @@ fn resident(addr: *mut u8, n: usize) -> Vec<bool> {
 fn twins_take_slots_in_the_order_pages_are_first_twinned_and_the_reserve_is_backed() {
     let page = super::super::heap::system_page_size();
     let heap = Heap::map(layout(42, 16)).unwrap();
+    // The test is the runtime, its application waiting in a call.
+    let _inside = heap.app_inside();
     assert_eq!(heap.reserve_twins(3 * page - 1), 3 * page, "whole slots");
     assert_eq!(heap.reserve_twins(0), 0);
     let mut pages = HeapPages(heap.clone());
@@ -526,6 +568,8 @@ fn a_snapshot_taken_while_the_page_is_written_holds_whole_words_and_becomes_its_
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     let heap = Heap::map_with(layout(43, 2), FaultBackend::Mprotect).unwrap();
+    // The test is the runtime, its application waiting in a call.
+    let _inside = heap.app_inside();
     let mut pages = HeapPages(heap.clone());
     pages.make_twin(PageIdx(0));
     pages.set_access(PageIdx(0), 1, Access::ReadWrite);
