@@ -723,18 +723,28 @@ fn fault_backend_costs_uffd() {
     }
 }
 
+/// A heap of `npages` (at test slot `slot`) whose page 1 is read-only and full of 0xaa, with
+/// the fault handler installed and no service thread: only fast-path faults may come.
+fn read_only_page_one(
+    slot: usize,
+    npages: usize,
+    backend: FaultBackend,
+) -> (Arc<Heap>, HeapPages, FaultHandler) {
+    let heap = map(layout(slot, npages), backend).unwrap();
+    let mut pages = HeapPages(heap.clone());
+    fill_read_only(&mut pages, 1, 0xaa);
+    let handler = FaultHandler::install(heap.clone(), Doorbell::new().unwrap()).unwrap();
+    (heap, pages, handler)
+}
+
 /// `PageMemory::revoke` reports the access a page really had when it was revoked: here the
 /// fault handler's fast path made the page writable (twinning it) after the service thread last
 /// looked, and `serve_page` must learn that from the revocation (an earlier `access()` says
 /// read-only; restored to that, the next write would twin the page again over the first twin).
 fn revoke_sees_the_handlers_twin(backend: FaultBackend, test: &str) {
     run_in_child(test, || {
-        let heap = map(layout(40, 4), backend).unwrap();
+        let (heap, mut pages, _handler) = read_only_page_one(40, 4, backend);
         let ps = heap.page_size();
-        let bell = Doorbell::new().unwrap();
-        let mut pages = HeapPages(heap.clone());
-        fill_read_only(&mut pages, 1, 0xaa);
-        let _handler = FaultHandler::install(heap.clone(), bell.clone()).unwrap();
         let p = PageIdx(1);
         assert_eq!(pages.access(p), Access::Read);
         app_write(&heap, ps + 10, 0x11);
@@ -769,12 +779,8 @@ fn revoke_sees_the_handlers_twin_uffd() {
 /// made since, and they would be in no diff.
 fn an_untaken_twin_survives_the_next_write_fault(backend: FaultBackend, test: &str) {
     run_in_child(test, || {
-        let heap = map(layout(41, 2), backend).unwrap();
+        let (heap, mut pages, _handler) = read_only_page_one(41, 2, backend);
         let ps = heap.page_size();
-        let bell = Doorbell::new().unwrap();
-        let mut pages = HeapPages(heap.clone());
-        fill_read_only(&mut pages, 1, 0xaa);
-        let _handler = FaultHandler::install(heap.clone(), bell.clone()).unwrap();
         let p = PageIdx(1);
         app_write(&heap, ps + 10, 0x11);
         pages.set_access(p, 1, Access::Read);
