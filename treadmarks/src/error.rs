@@ -29,7 +29,10 @@ pub enum Error {
     /// Starting a node process failed.
     #[error("cannot start {node}: {source}")]
     Spawn { node: NodeId, source: std::io::Error },
-    /// The job already failed; this is why.
+    /// The job failed; this is why, as this node saw it (the peer it names, and what it did).
+    #[error("the job has failed: {0}")]
+    Job(crate::failure::JobFailure),
+    /// The job could not start, or failed otherwise; this is why.
     #[error("the job has failed: {0}")]
     Failed(String),
     /// An allocation of a size that does not fit the address space.
@@ -66,6 +69,7 @@ impl std::fmt::Debug for Error {
             Error::Spawn { node, source } => {
                 f.debug_struct("Spawn").field("node", node).field("source", source).finish()
             }
+            Error::Job(why) => f.debug_tuple("Job").field(why).finish(),
             Error::Failed(why) => f.debug_tuple("Failed").field(why).finish(),
             Error::TooLarge { count, size } => {
                 f.debug_struct("TooLarge").field("count", count).field("size", size).finish()

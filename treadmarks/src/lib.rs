@@ -45,6 +45,7 @@
 
 pub mod config;
 pub mod error;
+pub mod failure;
 mod headroom;
 #[cfg_attr(not(tmk_internals), doc(hidden))]
 pub mod mem;
@@ -59,6 +60,7 @@ pub mod transport;
 
 pub use config::Config;
 pub use error::{Error, Result};
+pub use failure::JobFailure;
 pub use mem::{MemError, Shared, View, ViewError, ViewMut};
 pub use protocol::{AllocFailure, BarrierId, LockId, MsgKind, NodeId, PageIdx, ProtocolError, ProtocolStats};
 pub use stats::Stats;

@@ -420,10 +420,16 @@ fn quiet_after_peer_death(tmk: &mut Tmk) -> R {
     // Until node 1's death is seen: a failed job answers every call with its failure (node 1
     // may answer a ping or two before it is gone).
     let deadline = Instant::now() + Duration::from_secs(10);
-    while tmk.ping(1).is_ok() {
-        check(Instant::now() < deadline, || "node 1's death went unnoticed for 10 s".into())?;
+    let died = loop {
+        match tmk.ping(1) {
+            Ok(_) => check(Instant::now() < deadline, || "node 1's death went unnoticed for 10 s".into())?,
+            Err(e) => break e,
+        }
         std::thread::sleep(Duration::from_millis(10));
-    }
+    };
+    // Typed, naming the dead node: a program can tell which peer it lost.
+    let named = matches!(&died, Error::Job(f) if f.node() == Some(treadmarks::NodeId(1)));
+    check(named, || format!("node 1's death was reported as {died:#?}"))?;
     let (threads_before, before) = service_cpu_ticks();
     std::thread::sleep(Duration::from_millis(1000));
     let (threads_after, after) = service_cpu_ticks();

@@ -25,6 +25,7 @@
 
 use super::{Command, Mailbox, Reply, SharedNode, lock_node, start};
 use crate::error::Error;
+use crate::failure::JobFailure;
 use crate::mem::{FaultKind, Heap, HeapPages, ServiceFd, register_service_fd};
 use crate::protocol::{AppDone, Message, Node, NodeId, ProtocolError, decode_sharing};
 use crate::stats::Stats;
@@ -66,7 +67,7 @@ struct Service {
     links: Links,
     stats: Stats,
     app: App,
-    failed: Option<String>,
+    failed: Option<JobFailure>,
     exiting: bool,
     exited: bool,
     shutdown: bool,
@@ -185,7 +186,7 @@ impl Service {
             if self.failed.is_none() && self.node().has_deferred() {
                 let ran = self.node().run_deferred();
                 if let Err(e) = ran {
-                    self.fail(format!("deferred work: {e}"));
+                    self.fail(JobFailure::Deferred(e));
                 }
                 if self.pump() {
                     tokio::task::yield_now().await;
@@ -205,7 +206,7 @@ impl Service {
                     Some(ev) => self.on_link(ev),
                     None => {
                         events_open = false;
-                        self.fail("all connections are gone".into());
+                        self.fail(JobFailure::AllConnectionsGone);
                     }
                 },
                 ready = doorbell.readable() => {
@@ -232,7 +233,7 @@ impl Service {
             }
         }
         if give_up {
-            let why = self.failed.clone().unwrap_or_default();
+            let why = self.failed.as_ref().map_or(String::new(), ToString::to_string);
             self.links.flush_and_close_within(EXIT_FLUSH).await;
             wait_closed(&mut self.open, &mut events, EXIT_DRAIN).await;
             if matches!(self.app, App::InFault(_)) {
@@ -316,18 +317,18 @@ impl Service {
                 let decoded = decode_sharing(self.links.share(payload), codec::decode_payload);
                 let msg: Message = match decoded {
                     Ok(m) => m,
-                    Err(e) => return self.fail(format!("malformed message from {from}: {e}")),
+                    Err(e) => return self.fail(JobFailure::Malformed { node: from, reason: e.to_string() }),
                 };
                 self.stats.count_received(from, msg.kind(), len + 4);
                 let handled = self.node().handle_message(from, msg);
                 if let Err(e) = handled {
-                    self.fail(format!("protocol error on a message from {from}: {e}"));
+                    self.fail(JobFailure::PeerMessage { node: from, error: e });
                 }
                 self.peer_spoke();
             }
             LinkEvent::Closed { from, cause } => {
                 self.open[from.idx()] = false;
-                let why = match cause {
+                let how = match cause {
                     CloseCause::Goodbye if self.exiting => return,
                     _ if self.exited => return,
                     CloseCause::Goodbye => "left the job before this node finished".to_string(),
@@ -342,10 +343,8 @@ impl Service {
                     CloseCause::Malformed(e) => format!("sent a malformed frame: {e}"),
                 };
                 // The reading side may see only the stream's end where writing met the cause.
-                match self.links.write_error(from) {
-                    Some(e) => self.fail(format!("{from} {why} (writing to it had failed: {e})")),
-                    None => self.fail(format!("{from} {why}")),
-                }
+                let write_error = self.links.write_error(from).map(str::to_owned);
+                self.fail(JobFailure::PeerLost { node: from, how, write_error });
             }
         }
     }
@@ -369,7 +368,7 @@ impl Service {
             }
             let handled = self.node().handle_fault(page, kind == FaultKind::Write);
             if let Err(e) = handled {
-                self.fail(format!("page fault on {page}: {e}"));
+                self.fail(JobFailure::Fault { page, error: e });
             }
         }
     }
@@ -380,7 +379,7 @@ impl Service {
             // own thread otherwise): anything wrong is reported at its next call.
             let released = if self.failed.is_none() { self.node().request_release(lock) } else { Ok(()) };
             if let Err(e) = released {
-                self.fail(format!("release of {lock}: {e}"));
+                self.fail(JobFailure::Release { lock, error: e });
             }
             return;
         }
@@ -389,7 +388,7 @@ impl Service {
             // a closed connection, as from a node that was killed. Failed while the application
             // counts as running, nothing is answered yet: the answer comes once the abort is
             // flushed (`run`).
-            self.fail(why);
+            self.fail(JobFailure::ShutDown(why));
             self.app_waits(App::InCommand);
             self.shutdown = true;
             return;
@@ -403,13 +402,13 @@ impl Service {
             }
             self.app_waits(App::InCommand);
             if let Some(why) = &self.failed {
-                self.reply(Err(Error::Failed(why.clone())));
+                self.reply(Err(Error::Job(why.clone())));
             }
             return;
         }
         self.app_waits(App::InCommand);
         if let Some(why) = &self.failed {
-            return self.reply(Err(Error::Failed(why.clone())));
+            return self.reply(Err(Error::Job(why.clone())));
         }
         match cmd {
             Command::Stats => {
@@ -485,14 +484,15 @@ impl Service {
             while let Some((to, msg)) = node.poll_transmit() {
                 sent_any = true;
                 // Diffs go from their store to the socket, not through the frame (`FrameParts`).
+                let kind = msg.kind();
                 let sent = codec::encode_frame_parts(&msg, self.links.buffer())
                     .map_err(|e| e.to_string())
                     .and_then(|parts| {
-                        self.stats.count_sent(to, msg.kind(), parts.len());
+                        self.stats.count_sent(to, kind, parts.len());
                         self.links.send_parts(to, parts).map_err(|e| e.to_string())
                     });
                 if let Err(e) = sent {
-                    self.fail(format!("cannot send {:?} to {to}: {e}", msg.kind()));
+                    self.fail(JobFailure::Send { node: to, kind, reason: e });
                 }
             }
             if !self.hand_over(&mut node) {
@@ -548,7 +548,7 @@ impl Service {
         self.mailbox.doorbell.wake_app();
     }
 
-    fn fail(&mut self, why: String) {
+    fn fail(&mut self, why: JobFailure) {
         if self.failed.is_some() {
             return;
         }
@@ -558,7 +558,7 @@ impl Service {
         for n in 0..self.open.len() {
             if self.open[n] {
                 let mut frame = Vec::new();
-                let abort = Message::Abort { reason: why.clone() };
+                let abort = Message::Abort { reason: why.to_string() };
                 if codec::encode_frame(&abort, &mut frame).is_ok() {
                     let _ = self.links.send(NodeId(n as u16), frame);
                 }
@@ -568,7 +568,7 @@ impl Service {
             // Exits once the abort is on its way (`run`'s deadline): a peer would otherwise
             // see only a closed connection.
             App::InFault(_) => {}
-            App::InCommand => self.reply(Err(Error::Failed(why.clone()))),
+            App::InCommand => self.reply(Err(Error::Job(why.clone()))),
             App::Running => {}
         }
         self.failed = Some(why);
