@@ -484,8 +484,9 @@ impl Heap {
     ///
     /// - userfaultfd: `READ_ONLY` pages not mapped yet, with `UFFDIO_CONTINUE` in write-protect
     ///   mode (a first read took a minor fault, a signal and an ioctl, ~4.6 µs);
-    /// - `mprotect`: `READ_ONLY` pages with `MADV_POPULATE_READ`, and the `READ_WRITE` pages of
-    ///   an unprotected heap (a one-node job) with `MADV_POPULATE_WRITE`.
+    /// - `mprotect`: `READ_ONLY` pages with `MADV_POPULATE_READ`, and `READ_WRITE` pages (an
+    ///   unprotected heap's, a one-node job's, and writable pages of a protected one) with
+    ///   `MADV_POPULATE_WRITE`, which changes no byte.
     ///
     /// A first touch of a memfd hole cost ~3.3 µs a page on the 2-vCPU VM (the allocation and
     /// zeroing of the page, the mapping, and on this VM often the host's fault too), against
@@ -850,9 +851,10 @@ impl Heap {
     /// last invalidated) are mapped writable at once, which spares each a minor fault on its
     /// first write (a signal and an ioctl, ~4 µs). Mapped runs of [`REMAP_MIN_RUN`] pages or
     /// more are unmapped and mapped again writable, which spares each a kernel write fault;
-    /// shorter ones lose their write protection in place. An application access between the
-    /// unmapping and the mapping is a minor fault on a valid page, which the fault handler
-    /// maps; the mapping here then finds it mapped (EEXIST) and clears its protection instead.
+    /// shorter ones lose their write protection in place. The pages are held `BUSY` throughout,
+    /// so an application access between the unmapping and the mapping faults and waits in the
+    /// handler (which yields and retries on `BUSY`) until the mapping is done: no writable window
+    /// opens before the twin exists, and nothing else maps the page meanwhile.
     fn make_writable(&self, uffd: &Uffd, first: u32, count: u32) -> Result<(), (&'static str, i32)> {
         let ps = self.page_size;
         let mut i = first;
