@@ -128,7 +128,10 @@ fn parse() -> Plan {
                     usage(&format!("--args needs APP=FLAGS, got {v:?}"))
                 };
                 let app = apps::find(name).unwrap_or_else(|| usage(&format!("unknown app {name:?}")));
-                plan.args.insert(app.name, flags.split_whitespace().map(String::from).collect());
+                if plan.args.insert(app.name, flags.split_whitespace().map(String::from).collect()).is_some()
+                {
+                    usage(&format!("--args for {} given twice", app.name))
+                }
             }
             "--help" | "-h" => {
                 println!("{USAGE}\napps: {}", apps::ALL.iter().map(|a| a.name).collect::<Vec<_>>().join(" "));
@@ -138,6 +141,10 @@ fn parse() -> Plan {
             "--out" => plan.out = PathBuf::from(value()),
             other => usage(&format!("unknown argument {other:?}")),
         }
+    }
+    // Flags for an app that does not run are a mistake (a typo in --apps, say), not a no-op.
+    if let Some(name) = plan.args.keys().find(|&&k| !plan.apps.iter().any(|a| a.name == k)) {
+        usage(&format!("--args for {name}, which is not among the apps to run"))
     }
     plan
 }
@@ -167,10 +174,11 @@ fn main() -> ExitCode {
     let mut out = std::io::stdout().lock();
     let _ = write!(
         out,
-        "{}{}{}",
+        "{}{}{}{}",
         report::table(&results),
         report::message_passing(&results),
-        report::summary(&results)
+        report::summary(&results),
+        report::environment_line()
     );
     if let Err(e) = written {
         eprintln!("tmk-bench: cannot write results to {}: {e}", plan.out.display());

@@ -313,6 +313,24 @@ pub fn summary(results: &[AppResult]) -> String {
     s
 }
 
+/// The `TMK_*` settings the runs inherited from this process's environment (they reach every
+/// app), sorted: the targets are for the defaults.
+pub fn environment() -> Vec<(String, String)> {
+    let mut vars: Vec<(String, String)> = std::env::vars().filter(|(k, _)| k.starts_with("TMK_")).collect();
+    vars.sort();
+    vars
+}
+
+/// A line naming [`environment`]'s settings, or nothing when there are none.
+pub fn environment_line() -> String {
+    let vars = environment();
+    if vars.is_empty() {
+        return String::new();
+    }
+    let list: Vec<String> = vars.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!("settings from the environment: {} (the targets are for the defaults)\n", list.join(" "))
+}
+
 fn json(results: &[AppResult]) -> serde_json::Value {
     let cell = |c: &Cell| serde_json::json!({ "secs": c.secs, "reps": c.reps, "errors": c.errors, "stats": c.stats, "job_stats": c.job_stats });
     let apps: Vec<serde_json::Value> = results
@@ -360,7 +378,9 @@ fn json(results: &[AppResult]) -> serde_json::Value {
             })
         })
         .collect();
-    serde_json::json!({ "apps": apps })
+    let environment: serde_json::Map<String, serde_json::Value> =
+        environment().into_iter().map(|(k, v)| (k, serde_json::Value::String(v))).collect();
+    serde_json::json!({ "apps": apps, "environment": environment })
 }
 
 /// Writes `bench.json`, `speedup.svg` and `efficiency.svg` into `out`.

@@ -134,6 +134,11 @@ fn bad_arguments_and_missing_apps_are_refused_by_name() {
         (&["--reps", "0"][..], "bad --reps \"0\""),
         (&["--timeout", "soon"][..], "bad --timeout \"soon\""),
         (&["--out", "/proc/version/results"][..], "cannot write results to /proc/version/results"),
+        (
+            &["--apps", "sor", "--args", "radix=--keys 5"][..],
+            "--args for radix, which is not among the apps to run",
+        ),
+        (&["--args", "sor=--iterations 2", "--args", "sor=--iterations 3"][..], "--args for sor given twice"),
     ] {
         let out = bench().args(args).output().expect("tmk-bench runs");
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
@@ -214,10 +219,13 @@ fn runs_that_hang_or_leave_processes_behind_are_killed_whole() {
         .arg("--out")
         .arg(&out_dir)
         .env("PIDS", &pids)
+        .env("TMK_LOCK_BUNDLE", "3")
         .output()
         .expect("tmk-bench runs");
     let (stdout, all) = (String::from_utf8_lossy(&out.stdout).to_string(), text(&out));
     assert_eq!(out.status.code(), Some(1), "lu failed: {all}");
+    // A setting the runs inherit is named: the targets are for the defaults.
+    assert!(stdout.contains("settings from the environment: TMK_LOCK_BUNDLE=3"), "{all}");
     assert!(all.contains("lu seq n=1: FAILED: no result within 2s; killed"), "{all}");
     assert!(stdout.contains("lu           3 FAILED RUNS"), "{all}");
     // A failed DSM cell shows no statistics, not zeros; the progress stays off the table.
@@ -228,6 +236,7 @@ fn runs_that_hang_or_leave_processes_behind_are_killed_whole() {
     let json: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out_dir.join("bench.json")).expect("bench.json written"))
             .expect("bench.json is JSON");
+    assert_eq!(json["environment"]["TMK_LOCK_BUNDLE"], "3");
     let lu = &json["apps"][1];
     assert_eq!(lu["seq"]["errors"], serde_json::json!(["no result within 2s; killed"]), "{lu}");
     assert_eq!(lu["seq"]["reps"], serde_json::json!([]), "{lu}");
