@@ -15,7 +15,8 @@ pub enum JobFailure {
     /// writing to the peer met, if anything, which the reading side may not see.
     #[error("{node} {how}{}", write_error.as_ref().map_or(String::new(), |e| format!(" (writing to it had failed: {e})")))]
     PeerLost { node: NodeId, how: String, write_error: Option<String> },
-    /// A peer sent a frame or message that does not decode.
+    /// A peer sent a message that does not decode (a frame that is not one ends the peer's
+    /// connection: [`JobFailure::PeerLost`], saying so).
     #[error("malformed message from {node}: {reason}")]
     Malformed { node: NodeId, reason: String },
     /// A peer's message broke the protocol, or was its abort ([`ProtocolError::Aborted`]).

@@ -192,7 +192,14 @@ impl Tmk {
         let mut node_pinned = false;
         let mut unpinned = None;
         let (engine, faults) = if n == 1 {
-            (Engine::Local { node: Box::new(node), stats: Box::new(Stats::new(me, 1)) }, None)
+            (
+                Engine::Local {
+                    node: Box::new(node),
+                    stats: Box::new(Stats::new(me, 1)),
+                    heap: heap.clone(),
+                },
+                None,
+            )
         } else {
             // Whether to pin, and the CPUs the launcher claimed for the job, if it did.
             let (listener, root, pin, claimed) = match config.role {

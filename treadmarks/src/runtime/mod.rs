@@ -159,8 +159,8 @@ pub(crate) struct Mailbox {
 /// Where this node's protocol runs.
 #[derive(Debug)]
 pub(crate) enum Engine {
-    /// One-node job: on the application thread.
-    Local { node: Box<Node<HeapPages>>, stats: Box<Stats> },
+    /// One-node job: on the application thread (`heap`: the node's, for `Heap::app_inside`).
+    Local { node: Box<Node<HeapPages>>, stats: Box<Stats>, heap: Arc<Heap> },
     /// On the service thread, but for the lock operations and validations that need no message.
     Remote { mailbox: Arc<Mailbox>, node: SharedNode, heap: Arc<Heap>, service: Option<JoinHandle<()>> },
 }
@@ -181,8 +181,7 @@ impl Engine {
     /// Runs `cmd` to completion.
     pub fn call(&mut self, cmd: Command) -> Result<Reply> {
         match self {
-            Engine::Local { node, stats } => {
-                let heap = node.mem.0.clone();
+            Engine::Local { node, stats, heap } => {
                 let _inside = heap.app_inside();
                 if matches!(cmd, Command::Shutdown { .. }) {
                     return Ok(Reply::ShutDown);
