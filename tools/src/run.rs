@@ -7,6 +7,7 @@ use std::io::{IsTerminal, Read, Write};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::sync::{Mutex, PoisonError, mpsc};
+use std::time::Duration;
 
 /// The process group of the run in progress. A run is started and noted here under this lock,
 /// so an interrupt ([`stop_on_signals`]) either finds it to kill or keeps it from starting.
@@ -144,8 +145,8 @@ fn run_one(plan: &Plan, app: &AppSpec, size: &Size, mode: &str, n: usize) -> Res
     // them) and take CPU from the next run.
     kill_group(pgid);
     *RUNNING.lock().unwrap_or_else(PoisonError::into_inner) = None;
-    let stdout = out_reader.join().unwrap_or_default();
-    let stderr = err_reader.join().unwrap_or_default();
+    let stdout = joined_within(out_reader, READERS_WAIT);
+    let stderr = joined_within(err_reader, READERS_WAIT);
     let (stdout, stderr) = (String::from_utf8_lossy(&stdout), String::from_utf8_lossy(&stderr));
     let status = match waited {
         Ok(status) => status.map_err(|e| e.to_string())?,
@@ -212,6 +213,19 @@ fn summed(stderr: &str, prefix: &str) -> BTreeMap<String, f64> {
 }
 
 /// Reads `pipe` to its end on a thread of its own.
+/// How long a run's output is waited for once its process group is killed: a process outside
+/// it (started in a group of its own) could hold the pipes open for good.
+const READERS_WAIT: Duration = Duration::from_secs(2);
+
+/// What `reader` read, if it finishes within `bound` (else nothing: it is left to end alone).
+fn joined_within(reader: std::thread::JoinHandle<Vec<u8>>, bound: Duration) -> Vec<u8> {
+    let deadline = std::time::Instant::now() + bound;
+    while !reader.is_finished() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    if reader.is_finished() { reader.join().unwrap_or_default() } else { Vec::new() }
+}
+
 fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
     std::thread::spawn(move || {
         let mut bytes = Vec::new();

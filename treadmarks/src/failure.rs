@@ -7,8 +7,10 @@
 
 use crate::protocol::{LockId, MsgKind, NodeId, PageIdx, ProtocolError};
 
-/// Why a job failed, as this node saw it.
+/// Why a job failed, as this node saw it. The peer it names is the one this node heard it from:
+/// a peer's abort names the node that passed it on, its reason the cause.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum JobFailure {
     /// A peer's connection ended or failed: it died, was killed, left the job early, or the
     /// network failed. `how` says which, as the connection showed it; `write_error` is what

@@ -86,8 +86,10 @@ impl TwinRing {
             let page = self.slots[head % self.slots.len()].load(Ordering::Relaxed);
             head = head.wrapping_add(1);
             self.head.store(head, Ordering::Release);
-            self.queued[page as usize].store(false, Ordering::Release);
+            // Queued until the node has heard of it: a fault meanwhile keeps this twin
+            // (`Heap::twin_at_fault`), and a push of the page, the same twin, is not needed.
             f(PageIdx(page));
+            self.queued[page as usize].store(false, Ordering::Release);
         }
     }
 }

@@ -661,7 +661,6 @@ async fn write_loop(half: Arc<OwnedWriteHalf>, mut queue: UnboundedReceiver<Outg
     }
 }
 
-/// Writes all of `bytes` to the shared write half, waiting whenever the socket is full.
 /// `try_write_vectored` with `MSG_NOSIGNAL`: tokio's is a plain `writev`, which raises SIGPIPE
 /// on a connection the peer reset, and that kills the process, with no word of which peer died,
 /// in a program that set SIGPIPE back to its default (a command line tool piped into `head`). Its
@@ -673,6 +672,7 @@ fn try_write_vectored_nosignal(half: &OwnedWriteHalf, parts: &[IoSlice<'_>]) -> 
     })
 }
 
+/// Writes all of `bytes` to the shared write half, waiting whenever the socket is full.
 async fn write_all(half: &OwnedWriteHalf, mut bytes: &[u8]) -> io::Result<()> {
     while !bytes.is_empty() {
         half.writable().await?;

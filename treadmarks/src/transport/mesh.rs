@@ -1057,9 +1057,6 @@ mod tests {
     #[test]
     fn the_rank_a_meeting_fails_on_is_told_why() {
         let (listener, root) = bind_root();
-        let root_node = thread::spawn(move || {
-            connect_mesh(&config(3, 0, root, Duration::from_millis(700)), Some(listener))
-        });
         // Rank 1's listener takes connections into its backlog and never answers.
         let quiet = TcpListener::bind("127.0.0.1:0").unwrap();
         let mut raw = TcpStream::connect(root).unwrap();
@@ -1070,8 +1067,12 @@ mod tests {
             listen_addr: quiet.local_addr().unwrap(),
         };
         (&raw).write_all(&codec::frame(&hello).unwrap()).unwrap();
-        let rank_2 = thread::spawn(move || connect_mesh(&config(3, 2, root, Duration::from_secs(5)), None));
-        let deadline = Deadline::after(Duration::from_secs(10));
+        let rank_2 = thread::spawn(move || connect_mesh(&config(3, 2, root, Duration::from_secs(10)), None));
+        // The root last, its time counted from when both ranks are on their way (the listener,
+        // bound, holds their connections meanwhile), so that only the missing ready runs it out.
+        let root_node =
+            thread::spawn(move || connect_mesh(&config(3, 0, root, Duration::from_secs(2)), Some(listener)));
+        let deadline = Deadline::after(Duration::from_secs(20));
         let table = recv(&mut raw, root, &deadline, "receive from", || "the table".into()).unwrap();
         assert!(matches!(table, Handshake::Table { .. }), "{table:?}");
         let told = recv(&mut raw, root, &deadline, "receive from", || "the reject".into());
