@@ -302,7 +302,8 @@ pub fn summary(results: &[AppResult]) -> String {
     let unpinned: Vec<String> = (results.iter())
         .flat_map(|r| r.dsm.iter().map(move |(&n, c)| (r.app.name, n, c)))
         .filter(|&(_, n, c)| {
-            c.secs.is_some() && n > 1 && c.stats.get("pinned").is_some_and(|&p| p < n as f64)
+            let pinned = c.least_pinned.or_else(|| c.stats.get("pinned").copied());
+            c.secs.is_some() && n > 1 && pinned.is_some_and(|p| p < n as f64)
         })
         .map(|(app, n, _)| format!("{app} n={n}"))
         .collect();
@@ -526,6 +527,13 @@ mod tests {
         assert!(
             summary(&results)
                 .ends_with("ran unpinned (another job held the CPUs; not comparable): sor n=2\n")
+        );
+        // So is one whose median run was pinned but another repetition was not.
+        results[1].dsm.get_mut(&2).expect("water at 2").least_pinned = Some(1.0);
+        assert!(
+            summary(&results).ends_with("not comparable): sor n=2, water n=2\n"),
+            "{}",
+            summary(&results)
         );
     }
 

@@ -52,6 +52,10 @@ pub struct Cell {
     pub reps: Vec<f64>,
     /// Why each repetition that failed did, in the order they ran.
     pub errors: Vec<String>,
+    /// The fewest nodes pinned to a CPU of its own in any repetition that passed (`pinned`),
+    /// where the runs say: an unpinned repetition moves the pairs and the range, not only the
+    /// median run.
+    pub least_pinned: Option<f64>,
 }
 
 /// The size an app ran at.
@@ -275,6 +279,7 @@ impl Runs {
             secs: crate::report::median(&reps),
             stats: median.map(|m| m.stats.clone()).unwrap_or_default(),
             job_stats: median.map(|m| m.job_stats.clone()).unwrap_or_default(),
+            least_pinned: self.ok.iter().filter_map(|o| o.stats.get("pinned").copied()).reduce(f64::min),
             reps,
             errors: self.errors,
         }
