@@ -47,8 +47,11 @@ fn paired_ratios(a: &Cell, b: &Cell) -> Option<Vec<f64>> {
 
 /// The lowest and highest of [`paired_ratios`].
 fn ratio_range(a: &Cell, b: &Cell) -> Option<(f64, f64)> {
-    let ratios = paired_ratios(a, b)?;
-    Some(ratios.into_iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), r| (lo.min(r), hi.max(r))))
+    paired_ratios(a, b).as_deref().map(lowest_highest)
+}
+
+fn lowest_highest(xs: &[f64]) -> (f64, f64) {
+    xs.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &r| (lo.min(r), hi.max(r)))
 }
 
 fn fmt_range(r: Option<(f64, f64)>) -> String {
@@ -117,12 +120,13 @@ pub fn target(r: &AppResult, n: usize) -> Option<Target> {
     if !dsm.errors.is_empty() || !base.errors.is_empty() {
         return None;
     }
+    let pairs = paired_ratios(dsm, base);
     Some(Target {
         over,
         limit,
         ratio: ratio(dsm.secs, base.secs)?,
-        paired: paired_ratios(dsm, base).and_then(|r| median(&r)),
-        range: ratio_range(dsm, base),
+        paired: pairs.as_deref().and_then(median),
+        range: pairs.as_deref().map(lowest_highest),
     })
 }
 
@@ -178,6 +182,7 @@ pub fn table(results: &[AppResult]) -> String {
             let thr = &r.threads[&n];
             // The spread of the ratio the target is about (DSM/seq at one node).
             let range = base(r, n).and_then(|(_, base)| ratio_range(dsm, base));
+            let verdict = target(r, n);
             ranges |= range.is_some();
             let msgs = stat(dsm, "msgs_sent");
             // A cell with no good run has no statistics: "-", not zeros.
@@ -197,8 +202,8 @@ pub fn table(results: &[AppResult]) -> String {
                 fmt_ratio(ratio(r.seq.secs, dsm.secs)),
                 fmt_ratio(ratio(dsm.secs, thr.secs)),
                 fmt_range(range),
-                fmt_judged(target(r, n)),
-                fmt_target(target(r, n)),
+                fmt_judged(verdict),
+                fmt_target(verdict),
                 num(msgs, 0),
                 num(stat(dsm, "bytes_sent"), 0),
                 per_iter,

@@ -141,8 +141,9 @@ impl Drop for AppInside<'_> {
 
 // SAFETY: the raw pointers are addresses of mappings owned by the `Heap` for its whole life
 // (unmapped only in `Drop`); all shared mutable state reachable through `&Heap` is atomic
-// (`states`, `ring`, `counters`, `app_inside`, and the per-page flags and slots), and the page bytes behind the pointers are only handed out by
-// `HeapPages` under the page-sharing rule, never through `&Heap` itself.
+// (`states`, `ring`, `counters`, `app_inside`, and the per-page flags and slots), and the page
+// bytes behind the pointers are only handed out by `HeapPages` under the page-sharing rule,
+// never through `&Heap` itself.
 unsafe impl Send for Heap {}
 // SAFETY: see `Send` above.
 unsafe impl Sync for Heap {}
