@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use super::doorbell::{Doorbell, FaultKind};
 use super::error::MemError;
 use super::heap::{AtomicCounters, Heap};
-use super::signals::{self, Claim, Owner};
+use super::signals::{self, Claim, Owner, Previous};
 use super::sigsafe::{self, ErrnoGuard, Hex};
 use super::state;
 use super::uffd::{Continued, Uffd};
@@ -29,8 +29,8 @@ struct Context {
     doorbell: Arc<Doorbell>,
     /// Kernel tid of the node's application thread.
     app_tid: libc::pid_t,
-    prev_segv: libc::sigaction,
-    prev_bus: libc::sigaction,
+    prev_segv: Previous,
+    prev_bus: Previous,
 }
 
 /// The installed context, or null. Set by `install`, swapped to null by `Drop` before freeing.
@@ -60,8 +60,8 @@ impl FaultHandler {
         let claim = Claim::take(Owner::FaultHandler, "install the treadmarks fault handler")?;
         // Query the previous actions first, so the context is complete before our handler can
         // run on any thread.
-        let prev_segv = signals::query(libc::SIGSEGV)?;
-        let prev_bus = signals::query(libc::SIGBUS)?;
+        let prev_segv = Previous::query(libc::SIGSEGV)?;
+        let prev_bus = Previous::query(libc::SIGBUS)?;
         let ctx = Box::into_raw(Box::new(Context {
             heap,
             doorbell,
@@ -82,8 +82,8 @@ impl Drop for FaultHandler {
     fn drop(&mut self) {
         // SAFETY: `self.ctx` came from `Box::into_raw` in `install` and is freed only below.
         let ctx = unsafe { &*self.ctx };
-        signals::restore(libc::SIGSEGV, &ctx.prev_segv);
-        signals::restore(libc::SIGBUS, &ctx.prev_bus);
+        ctx.prev_segv.restore(libc::SIGSEGV);
+        ctx.prev_bus.restore(libc::SIGBUS);
         CONTEXT.store(ptr::null_mut(), Ordering::SeqCst);
         // A handler that loaded the context before the store may still be reading it. Only the
         // application thread (this one) can block in the handler, so this wait is short.
@@ -160,7 +160,7 @@ unsafe fn handle_in_context(
     let page = match heap.page_of(addr) {
         Some(p) if ours => p,
         _ => {
-            return Outcome::Chain(if sig == libc::SIGBUS { ctx.prev_bus } else { ctx.prev_segv });
+            return Outcome::Chain(if sig == libc::SIGBUS { &ctx.prev_bus } else { &ctx.prev_segv }.take());
         }
     };
     if sigsafe::gettid() != ctx.app_tid {
@@ -174,7 +174,7 @@ unsafe fn handle_in_context(
         if sig != libc::SIGBUS {
             // The userfaultfd view is mapped read-write: a SIGSEGV there is not a protection
             // fault of ours (the heap being unmapped, say). Let the previous action have it.
-            return Outcome::Chain(ctx.prev_segv);
+            return Outcome::Chain(ctx.prev_segv.take());
         }
         // SAFETY: `uctx` is the kernel's ucontext for this fault.
         let (kind, present) = unsafe { (fault_kind(uctx), fault_present(uctx)) };
@@ -191,7 +191,7 @@ unsafe fn handle_in_context(
         // Every page of the view is mapped, so a protection fault of ours is an access error;
         // another code is not ours (a hole the application cut in the heap: `SEGV_MAPERR`; a
         // protection key: `SEGV_PKUERR`), and retrying would meet it again forever.
-        return Outcome::Chain(ctx.prev_segv);
+        return Outcome::Chain(ctx.prev_segv.take());
     }
     // SAFETY: `uctx` is the kernel's ucontext for this fault.
     let kind = unsafe { fault_kind(uctx) };

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::error::MemError;
 use super::heap::system_page_size;
-use super::signals::{self, Claim, Owner};
+use super::signals::{self, Claim, Owner, Previous};
 use super::sigsafe::ErrnoGuard;
 
 /// The probe region and the action to chain to, published while the probe runs.
@@ -16,7 +16,7 @@ struct ProbeContext {
     base: usize,
     len: usize,
     page_size: usize,
-    prev: libc::sigaction,
+    prev: Previous,
 }
 
 static PROBE: AtomicPtr<ProbeContext> = AtomicPtr::new(ptr::null_mut());
@@ -49,7 +49,7 @@ unsafe extern "C" fn probe_handler(sig: libc::c_int, info: *mut libc::siginfo_t,
                 libc::mprotect(page as *mut libc::c_void, ctx.page_size, libc::PROT_READ | libc::PROT_WRITE)
             };
         } else {
-            chain_to = Some(ctx.prev);
+            chain_to = Some(ctx.prev.take());
         }
     }
     PROBE_IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
@@ -123,7 +123,7 @@ pub fn bare_fault(pages: usize) -> Result<BareFault, MemError> {
             let source = io::Error::last_os_error();
             return Err(MemError::Sys { op: "protect the fault probe region", size: len, source });
         }
-        let prev = signals::query(libc::SIGSEGV)?;
+        let prev = Previous::query(libc::SIGSEGV)?;
         let ctx = Box::into_raw(Box::new(ProbeContext { base: base as usize, len, page_size, prev }));
         PROBE.store(ctx, Ordering::SeqCst);
         let installed = signals::install(libc::SIGSEGV, probe_handler);
@@ -137,7 +137,8 @@ pub fn bare_fault(pages: usize) -> Result<BareFault, MemError> {
             }
             (start.elapsed(), thread_minor_faults().unwrap_or(0).saturating_sub(faults_before))
         });
-        signals::restore(libc::SIGSEGV, &prev);
+        // SAFETY: `ctx` came from `Box::into_raw` above and is freed only below.
+        unsafe { &(*ctx).prev }.restore(libc::SIGSEGV);
         PROBE.store(ptr::null_mut(), Ordering::SeqCst);
         while PROBE_IN_FLIGHT.load(Ordering::SeqCst) != 0 {
             std::thread::yield_now();

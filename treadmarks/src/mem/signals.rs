@@ -3,7 +3,7 @@
 //! [`probe`](super::probe)) owns SIGSEGV at a time.
 
 use std::io;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use super::error::MemError;
 use super::sigsafe;
@@ -106,27 +106,74 @@ pub(super) fn install(sig: libc::c_int, handler: SigactionFn) -> Result<(), MemE
     Ok(())
 }
 
-/// Puts back an action obtained from [`query`]. Failure is impossible for a valid signal and a
-/// previously valid action; it is reported on stderr if it happens anyway.
-pub(super) fn restore(sig: libc::c_int, prev: &libc::sigaction) {
-    // SAFETY: `prev` was returned by the kernel for this signal, so it is a valid action.
-    let rc = unsafe { libc::sigaction(sig, prev, std::ptr::null_mut()) };
-    if rc != 0 {
-        sigsafe::write_stderr(&[
-            b"treadmarks: cannot restore the previous ",
-            name(sig).as_bytes(),
-            b" handler\n",
-        ]);
+/// The action that was installed for a signal before ours, which a signal that is not ours goes
+/// to ([`chain`]).
+///
+/// Invariant: it behaves as the kernel would have without us. A one-shot action
+/// (`SA_RESETHAND`) is delivered once; after that the signal's action is `SIG_DFL`, both for
+/// what we pass on and for what [`restore`](Previous::restore) puts back. (Passed on again and
+/// again, a one-shot handler that returns would see the same fault forever, where the kernel
+/// alone would have killed the process on its second delivery.)
+#[derive(Debug)]
+pub(super) struct Previous {
+    action: libc::sigaction,
+    /// A one-shot action has had its delivery.
+    spent: AtomicBool,
+}
+
+impl Previous {
+    /// The current action for `sig`, to be replaced by ours.
+    pub(super) fn query(sig: libc::c_int) -> Result<Previous, MemError> {
+        Ok(Previous { action: query(sig)?, spent: AtomicBool::new(false) })
+    }
+
+    /// The action a signal that is not ours goes to now, as a copy (the caller may pass it on
+    /// after the context holding `self` is gone). Async-signal-safe.
+    pub(super) fn take(&self) -> libc::sigaction {
+        if self.action.sa_flags & libc::SA_RESETHAND != 0 && self.spent.swap(true, Ordering::AcqRel) {
+            return default_action();
+        }
+        self.action
+    }
+
+    /// Puts the action back for `sig` (`SIG_DFL` if it was a one-shot action that was
+    /// delivered). Failure is impossible for a valid signal and a previously valid action; it
+    /// is reported on stderr if it happens anyway.
+    pub(super) fn restore(&self, sig: libc::c_int) {
+        let action = if self.spent.load(Ordering::Acquire) { default_action() } else { self.action };
+        // SAFETY: `action` was returned by the kernel for this signal, or is SIG_DFL, so it is a
+        // valid action.
+        let rc = unsafe { libc::sigaction(sig, &action, std::ptr::null_mut()) };
+        if rc != 0 {
+            sigsafe::write_stderr(&[
+                b"treadmarks: cannot restore the previous ",
+                name(sig).as_bytes(),
+                b" handler\n",
+            ]);
+        }
     }
 }
 
-/// Passes a signal that is not ours to the handler that was installed before us.
+/// `SIG_DFL` with no flags and an empty mask.
+fn default_action() -> libc::sigaction {
+    // SAFETY: `sigaction` is plain old data; all-zero is SIG_DFL with no flags and an empty mask.
+    let mut dfl: libc::sigaction = unsafe { std::mem::zeroed() };
+    dfl.sa_sigaction = libc::SIG_DFL;
+    dfl
+}
+
+/// Passes a signal that is not ours to the handler that was installed before us, as the kernel
+/// would have delivered it.
 ///
-/// A `SA_SIGINFO` handler gets the same three arguments; a plain handler gets the signal number;
-/// `SIG_DFL` makes us reset the signal to its default action and return, so the faulting access
-/// runs again and the process dies the way it would have without us (a signal a process sent
-/// is raised again). `SIG_IGN` ignores a signal a process sent, as the kernel would have; a fault
-/// cannot be ignored (the kernel kills the process for it), so it is handled as `SIG_DFL`.
+/// A `SA_SIGINFO` handler gets the same three arguments; a plain handler gets the signal number.
+/// Either runs with the signal mask the kernel would have given it: the interrupted code's mask
+/// (`uc_sigmask`) plus the action's `sa_mask`, plus `sig` itself unless `SA_NODEFER`; our mask
+/// is back when it returns. `SIG_DFL` makes us reset the signal to its default action and
+/// return, so the faulting access runs again and the process dies the way it would have without
+/// us (a signal a process sent is raised again). `SIG_IGN` ignores a signal a process sent, as
+/// the kernel would have; a fault cannot be ignored (the kernel kills the process for it), so it
+/// is handled as `SIG_DFL`. `prev` comes from [`Previous::take`], which has already turned a
+/// one-shot action that was delivered into `SIG_DFL`.
 ///
 /// # Safety
 /// Must be called from a handler for `sig`, with the `info` and `uctx` the kernel gave it, and
@@ -145,9 +192,7 @@ pub(super) unsafe fn chain(
         return;
     }
     if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
-        // SAFETY: as in `query`.
-        let mut dfl: libc::sigaction = unsafe { std::mem::zeroed() };
-        dfl.sa_sigaction = libc::SIG_DFL;
+        let dfl = default_action();
         // SAFETY: installing SIG_DFL is always valid; `sigaction` is async-signal-safe.
         unsafe { libc::sigaction(sig, &dfl, std::ptr::null_mut()) };
         // A signal sent by a process (not a fault) does not recur when we return: resend it.
@@ -155,7 +200,12 @@ pub(super) unsafe fn chain(
             // SAFETY: `raise` is async-signal-safe; the signal stays blocked until we return.
             unsafe { libc::raise(sig) };
         }
-    } else if prev.sa_flags & libc::SA_SIGINFO != 0 {
+        return;
+    }
+    // SAFETY: `uctx` is the kernel's ucontext for this delivery, which records the interrupted
+    // code's mask.
+    let ours = unsafe { mask_for(prev, sig, uctx) };
+    if prev.sa_flags & libc::SA_SIGINFO != 0 {
         // SAFETY: the previous owner installed this value as an SA_SIGINFO handler, so it is a
         // function with this signature (the caller guarantees `prev` is that action).
         let f: SigactionFn = unsafe { std::mem::transmute::<usize, SigactionFn>(handler) };
@@ -167,4 +217,38 @@ pub(super) unsafe fn chain(
             unsafe { std::mem::transmute::<usize, extern "C" fn(libc::c_int)>(handler) };
         f(sig);
     }
+    // SAFETY: `ours` is the mask this handler ran with, read by `mask_for`;
+    // `pthread_sigmask` is async-signal-safe.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &ours, std::ptr::null_mut()) };
+}
+
+/// Sets the calling thread's mask to the one the kernel would have given `prev`'s handler for
+/// `sig` and returns the mask it replaced.
+///
+/// # Safety
+/// `uctx` must be the `ucontext_t` the kernel passed to a handler for `sig`.
+unsafe fn mask_for(prev: &libc::sigaction, sig: libc::c_int, uctx: *mut libc::c_void) -> libc::sigset_t {
+    // SAFETY: the caller's contract: a live `ucontext_t`, which holds the interrupted mask.
+    let mut mask = unsafe { (*uctx.cast::<libc::ucontext_t>()).uc_sigmask };
+    // Linux's signals are 1..=64 (`_NSIG` is 65); `sigismember` refuses none of them here.
+    for s in 1..65 {
+        // SAFETY: `sa_mask` is an initialized set; `s` is a valid signal number.
+        if unsafe { libc::sigismember(&prev.sa_mask, s) } == 1 {
+            // SAFETY: `mask` is an initialized set.
+            unsafe { libc::sigaddset(&mut mask, s) };
+        }
+    }
+    // SAFETY: `mask` is an initialized set and `sig` a valid signal number.
+    unsafe {
+        if prev.sa_flags & libc::SA_NODEFER == 0 {
+            libc::sigaddset(&mut mask, sig);
+        } else {
+            libc::sigdelset(&mut mask, sig);
+        }
+    }
+    // SAFETY: zeroed is a valid (empty) set, filled in by `pthread_sigmask`.
+    let mut ours: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: both sets are live locals; `pthread_sigmask` is async-signal-safe.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &mask, &mut ours) };
+    ours
 }

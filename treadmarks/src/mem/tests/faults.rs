@@ -344,6 +344,119 @@ fn current_handler(sig: libc::c_int) -> libc::sighandler_t {
     now.sa_sigaction
 }
 
+/// A fresh private page with no access, the way an application's own guard page looks.
+fn guard_page() -> *mut libc::c_void {
+    // SAFETY: a fresh private PROT_NONE page, which the caller owns.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    p
+}
+
+/// Whether `sig` is blocked on the calling thread. Async-signal-safe.
+fn blocked(sig: libc::c_int) -> bool {
+    // SAFETY: zeroed is a valid set, filled in by `pthread_sigmask`, which only queries here.
+    let mut now: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: a null new set only reads the mask into `now`, a live local.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut now) };
+    // SAFETY: `now` is an initialized set.
+    unsafe { libc::sigismember(&now, sig) == 1 }
+}
+
+/// Installs `handler` for SIGSEGV as a program would before the runtime, with `flags` besides
+/// `SA_SIGINFO` and SIGUSR1 in its mask.
+fn install_previous(
+    handler: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void),
+    flags: i32,
+) {
+    // SAFETY: plain old data; all-zero is a valid action, filled in below.
+    let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
+    action.sa_sigaction = handler as usize;
+    action.sa_flags = libc::SA_SIGINFO | flags;
+    // SAFETY: `sa_mask` is a live field; these only write it.
+    unsafe {
+        libc::sigemptyset(&mut action.sa_mask);
+        libc::sigaddset(&mut action.sa_mask, libc::SIGUSR1);
+    }
+    // SAFETY: a complete action whose handler is a static `extern "C"` SA_SIGINFO function.
+    assert_eq!(unsafe { libc::sigaction(libc::SIGSEGV, &action, std::ptr::null_mut()) }, 0);
+}
+
+/// Writes `line` to stderr from a signal handler.
+fn handler_says(line: &[u8]) {
+    // SAFETY: `write` of a live buffer is async-signal-safe.
+    unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
+}
+
+/// A program's one-shot handler (`SA_RESETHAND`) that returns gets one fault outside the heap,
+/// with the mask it asked for, and the retried access meets the default action, as without the
+/// runtime. Passed on every time, it had seen the same fault forever.
+fn a_one_shot_previous_handler_runs_once(backend: FaultBackend, test: &str) {
+    extern "C" fn one_shot(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+        handler_says(if blocked(libc::SIGUSR1) && blocked(libc::SIGSEGV) {
+            b"one-shot handler ran, its mask as asked\n"
+        } else {
+            b"one-shot handler ran, with the wrong mask\n"
+        });
+    }
+    let out = run_in_child(test, || {
+        no_core_dumps();
+        install_previous(one_shot, libc::SA_RESETHAND);
+        let heap = map(layout(26, 4), backend).unwrap();
+        let _handler = FaultHandler::install(heap, Doorbell::new().unwrap()).unwrap();
+        let p = guard_page();
+        // SAFETY: deliberately faults; the handler passes it on, then the default action kills.
+        let b = unsafe { std::ptr::read_volatile(p.cast::<u8>()) };
+        eprintln!("unreachable: read {b}");
+    });
+    out.assert_killed_by(libc::SIGSEGV);
+    assert_eq!(
+        out.stderr.matches("one-shot handler ran").count(),
+        1,
+        "the one-shot handler should run exactly once:\n{}",
+        out.stderr
+    );
+    assert!(out.stderr.contains("its mask as asked"), "{}", out.stderr);
+}
+
+/// A program's handler that repairs a fault outside the heap runs with the signal mask the
+/// kernel would have given it (its `sa_mask`; SIGSEGV left open under `SA_NODEFER`), and the
+/// program's mask is its own again afterwards.
+fn a_previous_handler_runs_with_its_own_mask(backend: FaultBackend, test: &str) {
+    static GUARD: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    static SAW: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+    extern "C" fn repair(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+        SAW.store(
+            1 + u8::from(blocked(libc::SIGUSR1)) + 2 * u8::from(blocked(libc::SIGSEGV)),
+            Ordering::SeqCst,
+        );
+        // SAFETY: the test's own guard page, made readable so the access completes.
+        unsafe { libc::mprotect(GUARD.load(Ordering::SeqCst) as *mut libc::c_void, 4096, libc::PROT_READ) };
+    }
+    run_in_child(test, || {
+        install_previous(repair, libc::SA_NODEFER);
+        let heap = map(layout(27, 4), backend).unwrap();
+        let _handler = FaultHandler::install(heap, Doorbell::new().unwrap()).unwrap();
+        let p = guard_page();
+        GUARD.store(p as usize, Ordering::SeqCst);
+        // SAFETY: faults once; the previous handler makes the page readable (a zero page).
+        let b = unsafe { std::ptr::read_volatile(p.cast::<u8>()) };
+        assert_eq!(b, 0);
+        // 1 + SIGUSR1 blocked (1) + SIGSEGV not blocked (0).
+        assert_eq!(SAW.load(Ordering::SeqCst), 2, "the handler's mask: 1 + usr1 + 2 * segv");
+        assert!(!blocked(libc::SIGUSR1) && !blocked(libc::SIGSEGV), "the program's mask was changed");
+    })
+    .assert_success();
+}
+
 /// A signal a process sends to a program that ignored it before the handler was installed is
 /// still ignored: the handler passes it on, and the process neither dies nor loses the handler.
 fn a_sent_signal_the_program_ignored_stays_ignored(backend: FaultBackend, test: &str) {
@@ -537,6 +650,8 @@ on_both_backends!(
     fault_from_another_thread_aborts_with_a_message,
     fault_outside_the_heap_chains_to_the_default_action,
     a_hole_cut_in_the_heap_chains_to_the_default_action,
+    a_one_shot_previous_handler_runs_once,
+    a_previous_handler_runs_with_its_own_mask,
     a_sent_signal_the_program_ignored_stays_ignored,
     a_memory_error_on_the_heap_goes_to_the_previous_action,
     revoke_while_the_application_writes_loses_nothing,
