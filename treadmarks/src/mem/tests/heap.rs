@@ -161,7 +161,7 @@ fn a_page_made_writable_without_a_twin_is_copied_at_its_first_twin() {
 
 #[test]
 fn reading_a_valid_page_while_the_application_runs_is_refused() {
-    let heap = Heap::map(layout(53, 2)).unwrap();
+    let heap = Heap::map(layout(55, 2)).unwrap();
     let mut pages = HeapPages(heap.clone());
     // Read-only: the handler may twin it at a write, and the application write it, meanwhile.
     let refused = |pages: &HeapPages, what: &str| {

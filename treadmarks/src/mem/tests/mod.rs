@@ -6,7 +6,8 @@
 //! checks the exit status and output (pattern of wasmtime's `tests/host_segfault.rs`). Children
 //! are waited for with a deadline and killed if they hang.
 //!
-//! Tests that stay in the test process use heap bases of their own so they can run in parallel.
+//! Tests that stay in the test process use heap bases of their own so they can run in parallel
+//! ([`layout`] refuses a slot that another test of the process took).
 
 mod faults;
 mod heap;
@@ -32,7 +33,18 @@ pub(super) fn test_base(slot: usize) -> usize {
 }
 
 /// A protected heap layout of `npages` pages at `test_base(slot)`.
+///
+/// Panics if another test of this process took `slot` (tests run on threads named after them):
+/// two tests mapping one base in one process fail whenever they happen to run at once.
 pub(super) fn layout(slot: usize, npages: usize) -> HeapLayout {
+    static TAKEN: std::sync::Mutex<Vec<(usize, String)>> = std::sync::Mutex::new(Vec::new());
+    let me = std::thread::current().name().unwrap_or("an unnamed thread").to_owned();
+    let mut taken = TAKEN.lock().unwrap_or_else(|e| e.into_inner());
+    match taken.iter().find(|(s, _)| *s == slot) {
+        Some((_, owner)) => assert_eq!(owner, &me, "heap slot {slot} is taken by another test"),
+        None => taken.push((slot, me)),
+    }
+    drop(taken);
     HeapLayout { base: test_base(slot), size: npages * super::heap::system_page_size(), protect: true }
 }
 
