@@ -213,3 +213,33 @@ fn check_app_run(exe: &str, mode: &str, nprocs: usize, slot: u64, args: &[&str],
         "{exe} --mode {mode} -n {nprocs} {args:?} with {env:?} failed: {out:#?}"
     );
 }
+
+/// `/proc/<pid>/stat` after the comm: state, ppid, pgrp, ... (field 3 of the file is index 0).
+pub fn proc_stat(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(") ")?;
+    Some(rest.split_whitespace().map(str::to_string).collect())
+}
+
+/// A process, named by its pid and its start time (a pid may be another process's later).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Proc {
+    pub pid: u32,
+    pub start: u64,
+}
+
+impl Proc {
+    /// Process `pid` if it is running now: not gone, and not a zombie (an orphan that nobody
+    /// reaps, where the machine's first process is no init, stays one, and `kill(pid, 0)` still
+    /// finds it).
+    pub fn running(pid: u32) -> Option<Proc> {
+        let f = proc_stat(pid)?;
+        let start = f.get(19)?.parse().ok()?;
+        (!matches!(f[0].as_str(), "Z" | "X")).then_some(Proc { pid, start })
+    }
+
+    /// Still running, and still the same process.
+    pub fn alive(self) -> bool {
+        Proc::running(self.pid).is_some_and(|p| p.start == self.start)
+    }
+}

@@ -5,6 +5,7 @@ mod support;
 
 use std::time::Duration;
 use support::{Job, heap_base, run, run_on, run_with, testnode};
+use treadmarks_tests::{Proc, proc_stat};
 
 #[test]
 fn four_nodes_count_to_4000_under_one_lock() {
@@ -493,40 +494,13 @@ fn backends_asked_for_and_missing_fail_the_test_naming_them() {
 const ORPHAN_HELPER: &str = "TMKT_ORPHAN_HELPER";
 const ORPHAN_TEST: &str = "jobs_die_with_the_test_process_however_it_is_killed";
 
-/// `/proc/<pid>/stat` after the comm: state, ppid, pgrp, ... (field 3 of the file is index 0).
-fn proc_stat(pid: u32) -> Option<Vec<String>> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (_, rest) = stat.rsplit_once(") ")?;
-    Some(rest.split_whitespace().map(str::to_string).collect())
-}
-
-/// A process, named by its pid and its start time (a pid may be another process's later).
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Proc {
-    pid: u32,
-    start: u64,
-}
-
-impl Proc {
-    /// Still running (a zombie that nobody reaped, once reparented, is dead).
-    fn alive(self) -> bool {
-        proc_stat(self.pid).is_some_and(|f| {
-            !matches!(f[0].as_str(), "Z" | "X") && f.get(19).and_then(|s| s.parse().ok()) == Some(self.start)
-        })
-    }
-}
-
 /// The live processes of process group `pgrp`.
 fn group(pgrp: u32) -> Vec<Proc> {
     let pids = std::fs::read_dir("/proc").unwrap().flatten();
     let pids = pids.filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()));
-    pids.filter_map(|pid| {
-        let f = proc_stat(pid)?;
-        let ours = f.get(2)? == &pgrp.to_string() && !matches!(f[0].as_str(), "Z" | "X");
-        let start = f.get(19)?.parse().ok()?;
-        ours.then_some(Proc { pid, start })
-    })
-    .collect()
+    pids.filter(|&pid| proc_stat(pid).is_some_and(|f| f.get(2) == Some(&pgrp.to_string())))
+        .filter_map(Proc::running)
+        .collect()
 }
 
 /// Whether process `pid` has a thread named like a service thread (its node met the others).

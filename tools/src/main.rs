@@ -23,7 +23,9 @@
 //! most 1.3 or 2.0, per app) and summed up below it, `bench.json`, and two charts as SVG
 //! (`speedup.svg`: speedup over seq against nodes; `efficiency.svg`: DSM time / threads time per
 //! app), which need no fonts or libraries to render.
-#![forbid(unsafe_code)]
+//!
+//! No `unsafe` but one hook: the apps die with the runner (`run.rs`, `die_with_the_runner`).
+#![deny(unsafe_code)]
 
 mod apps;
 mod report;

@@ -132,6 +132,7 @@ fn run_one(plan: &Plan, app: &AppSpec, size: &Size, mode: &str, n: usize) -> Res
     let mut cmd = Command::new(&exe);
     cmd.args(["--mode", mode, "-n", &n.to_string()]).args(size.flags(app));
     cmd.env("TMK_STATS", "json").stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
+    die_with_the_runner(&mut cmd);
     let mut running = RUNNING.lock().unwrap_or_else(PoisonError::into_inner);
     let mut child = cmd.spawn().map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
     // The app leads a process group of its own, with the nodes or helpers it starts.
@@ -187,6 +188,29 @@ fn run_one(plan: &Plan, app: &AppSpec, size: &Size, mode: &str, n: usize) -> Res
     let timed = summed(&stderr, "TMK_TIMED_STATS ");
     let stats = if timed.is_empty() { job_stats.clone() } else { timed };
     Ok(One { secs, stats, job_stats, detail })
+}
+
+/// Makes the app `cmd` starts die (SIGKILL) when the runner does, however it ends: a runner
+/// killed outright (SIGKILL, an out-of-memory kill) runs no handler to kill its run in progress,
+/// whose process group of its own no signal to the runner's group reaches. A DSM app's nodes
+/// follow their launcher, the app. Runs start on the runner's main thread, which lives as long as
+/// the runner (`PR_SET_PDEATHSIG` fires when the thread that forked the child ends). If the runner
+/// died between the fork and the hook, the child is already an orphan and exits at once.
+#[allow(unsafe_code)]
+fn die_with_the_runner(cmd: &mut Command) {
+    let runner = std::process::id() as i32;
+    // SAFETY: the hook runs in the child between fork and exec, where only async-signal-safe
+    // calls are allowed: it makes two system calls (`prctl`, `getppid`) and builds an `io::Error`
+    // from an errno, which allocates nothing and takes no lock.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+            if nix::unistd::getppid().as_raw() != runner {
+                return Err(std::io::Error::from_raw_os_error(nix::libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
 }
 
 /// What a failed run said last: the last five lines of its standard error and then its standard

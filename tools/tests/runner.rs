@@ -4,10 +4,81 @@
 //! `cargo test --workspace --release`, or `cargo build --release`).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
 
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use treadmarks_tests::{Proc, die_with_this_thread, hermetic};
+
+/// `tmk-bench`, with its output piped, the `TMK_*` settings of the caller's shell left out (it
+/// names every one it inherits, and passes them on to the apps), dying with the test's thread
+/// (and its run in progress with it: `run.rs`, `die_with_the_runner`).
 fn bench() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_tmk-bench"))
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tmk-bench"));
+    hermetic(&mut cmd);
+    die_with_this_thread(&mut cmd);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd
+}
+
+/// How long a `tmk-bench` of these tests may take before the test stops it and fails.
+const BOUND: Duration = Duration::from_secs(240);
+
+/// A running `tmk-bench`, stopped if the test ends before it does.
+struct Bench(Option<Child>);
+
+impl Bench {
+    fn start(cmd: &mut Command) -> Bench {
+        Bench(Some(cmd.spawn().expect("tmk-bench starts")))
+    }
+
+    /// Its output, once it ends within [`BOUND`]; otherwise it is stopped and the test fails.
+    fn finish(mut self) -> Output {
+        let child = self.0.take().expect("not finished yet");
+        let pid = Pid::from_raw(child.id() as i32);
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait_with_output());
+        });
+        if let Ok(out) = rx.recv_timeout(BOUND) {
+            return out.expect("wait for tmk-bench");
+        }
+        // SIGTERM first: it kills its run in progress, which leads a process group of its own.
+        let _ = kill(pid, Signal::SIGTERM);
+        let out = rx.recv_timeout(Duration::from_secs(10)).unwrap_or_else(|_| {
+            let _ = kill(pid, Signal::SIGKILL);
+            rx.recv().expect("the waiter answers")
+        });
+        let out = out.expect("wait for tmk-bench");
+        panic!("tmk-bench did not finish within {BOUND:?} and was stopped:\n{}", text(&out));
+    }
+}
+
+impl Drop for Bench {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let pid = Pid::from_raw(child.id() as i32);
+            let _ = kill(pid, Signal::SIGTERM);
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while child.try_wait().ok().flatten().is_none() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Runs `cmd` (a [`bench`]) to its end, within [`BOUND`].
+fn finished(cmd: &mut Command) -> Output {
+    Bench::start(cmd).finish()
+}
+
+/// Whether process `pid` runs (a zombie nobody reaped is dead).
+fn running(pid: i32) -> bool {
+    u32::try_from(pid).ok().and_then(Proc::running).is_some()
 }
 
 fn text(out: &Output) -> String {
@@ -41,13 +112,14 @@ fn small_runs_give_a_table_json_and_charts() {
         );
     }
     let out_dir = Scratch::new("small");
-    let out = bench()
-        .args(["--small", "--apps", "sor,radix", "--args", "radix=--keys 50000", "--nodes", "1,2"])
-        // Small sizes run in well under a second: a hung run fails the test in a minute.
-        .args(["--reps", "1", "--timeout", "60", "--out"])
-        .arg(&out_dir.0)
-        .output()
-        .expect("tmk-bench runs");
+    let out = finished(
+        bench()
+            .args(["--small", "--apps", "sor,radix", "--args", "radix=--keys 50000", "--nodes", "1,2"])
+            // Small sizes run in well under a second: a hung run is killed in 30 s, and a runner
+            // that takes longer than BOUND in all is stopped.
+            .args(["--reps", "1", "--timeout", "30", "--out"])
+            .arg(&out_dir.0),
+    );
     let all = text(&out);
     assert!(out.status.success(), "{all}");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -113,7 +185,7 @@ fn small_runs_give_a_table_json_and_charts() {
 
 #[test]
 fn bad_arguments_and_missing_apps_are_refused_by_name() {
-    let out = bench().args(["--apps", "sor,nosuch"]).output().expect("tmk-bench runs");
+    let out = finished(bench().args(["--apps", "sor,nosuch"]));
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("unknown app \"nosuch\""), "{}", text(&out));
 
@@ -122,7 +194,7 @@ fn bad_arguments_and_missing_apps_are_refused_by_name() {
         ("radix", "--args needs APP=FLAGS, got \"radix\""),
         ("radix= ", "--args needs APP=FLAGS, got \"radix= \""),
     ] {
-        let out = bench().args(["--args", args]).output().expect("tmk-bench runs");
+        let out = finished(bench().args(["--args", args]));
         assert_eq!(out.status.code(), Some(2), "{}", text(&out));
         assert!(text(&out).contains(says), "{}", text(&out));
     }
@@ -140,24 +212,24 @@ fn bad_arguments_and_missing_apps_are_refused_by_name() {
         ),
         (&["--args", "sor=--iterations 2", "--args", "sor=--iterations 3"][..], "--args for sor given twice"),
     ] {
-        let out = bench().args(args).output().expect("tmk-bench runs");
+        let out = finished(bench().args(args));
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
         assert!(text(&out).contains(says), "{args:?} should say {says:?}: {}", text(&out));
     }
 
     let empty = Scratch::new("nobin");
     std::fs::create_dir_all(&empty.0).expect("scratch directory");
-    let out = bench()
-        .args(["--apps", "sor", "--timeout", "60", "--bin"])
-        .arg(&empty.0)
-        .arg("--out")
-        .arg(empty.0.join("out"))
-        .output()
-        .expect("tmk-bench runs");
+    let out = finished(
+        bench()
+            .args(["--apps", "sor", "--timeout", "60", "--bin"])
+            .arg(&empty.0)
+            .arg("--out")
+            .arg(empty.0.join("out")),
+    );
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(text(&out).contains("sor not found"), "{}", text(&out));
 
-    let out = bench().arg("--help").output().expect("tmk-bench runs");
+    let out = finished(bench().arg("--help"));
     assert!(out.status.success() && text(&out).contains("usage: tmk-bench"), "{}", text(&out));
 }
 
@@ -169,22 +241,20 @@ fn runs_sharing_an_output_directory_do_not_trip_each_other() {
     let (bin, out_dir) = (scratch.0.join("bin"), scratch.0.join("out"));
     std::fs::create_dir_all(&bin).expect("a bin directory");
     for _ in 0..50 {
-        let runs: Vec<std::process::Child> = (0..8)
+        let runs: Vec<Bench> = (0..8)
             .map(|_| {
                 // No app in `bin`: each run stops once its output directory is checked.
-                bench()
-                    .args(["--apps", "sor", "--timeout", "60", "--bin"])
-                    .arg(&bin)
-                    .arg("--out")
-                    .arg(&out_dir)
-                    .stdout(std::process::Stdio::piped())
-                    .stderr(std::process::Stdio::piped())
-                    .spawn()
-                    .expect("tmk-bench starts")
+                Bench::start(
+                    bench()
+                        .args(["--apps", "sor", "--timeout", "60", "--bin"])
+                        .arg(&bin)
+                        .arg("--out")
+                        .arg(&out_dir),
+                )
             })
             .collect();
         for run in runs {
-            let out = run.wait_with_output().expect("tmk-bench runs");
+            let out = run.finish();
             assert!(out.status.code() == Some(1) && text(&out).contains("sor not found"), "{}", text(&out));
         }
     }
@@ -213,20 +283,21 @@ fn runs_that_hang_or_leave_processes_behind_are_killed_whole() {
          echo \"RESULT app=is mode=$2 nprocs=$4 secs=0.001 detail=\\\"fake\\\"\"\necho PASS",
     );
     fake_app(&bin, "lu", "echo $$ >> \"$PIDS\"\nexec sleep 300");
-    let out = bench()
-        .args(["--apps", "is,lu", "--nodes", "1", "--reps", "1", "--timeout", "2", "--bin"])
-        .arg(&bin)
-        .arg("--out")
-        .arg(&out_dir)
-        .env("PIDS", &pids)
-        .env("TMK_LOCK_BUNDLE", "3")
-        .output()
-        .expect("tmk-bench runs");
+    let out = finished(
+        bench()
+            .args(["--apps", "is,lu", "--nodes", "1", "--reps", "1", "--timeout", "4", "--bin"])
+            .arg(&bin)
+            .arg("--out")
+            .arg(&out_dir)
+            .env("PIDS", &pids)
+            .env("TMK_LOCK_BUNDLE", "3"),
+    );
     let (stdout, all) = (String::from_utf8_lossy(&out.stdout).to_string(), text(&out));
     assert_eq!(out.status.code(), Some(1), "lu failed: {all}");
     // A setting the runs inherit is named: the targets are for the defaults.
-    assert!(stdout.contains("settings from the environment: TMK_LOCK_BUNDLE=3"), "{all}");
-    assert!(all.contains("lu seq n=1: FAILED: no result within 2s; killed"), "{all}");
+    let settings = stdout.lines().find_map(|l| l.strip_prefix("settings from the environment: "));
+    assert!(settings.is_some_and(|l| l.split_whitespace().any(|w| w == "TMK_LOCK_BUNDLE=3")), "{all}");
+    assert!(all.contains("lu seq n=1: FAILED: no result within 4s; killed"), "{all}");
     assert!(stdout.contains("lu           3 FAILED RUNS"), "{all}");
     // A failed DSM cell shows no statistics, not zeros; the progress stays off the table.
     let row = stdout.lines().find(|l| l.starts_with("lu ")).unwrap_or_else(|| panic!("no lu row: {all}"));
@@ -238,7 +309,7 @@ fn runs_that_hang_or_leave_processes_behind_are_killed_whole() {
             .expect("bench.json is JSON");
     assert_eq!(json["environment"]["TMK_LOCK_BUNDLE"], "3");
     let lu = &json["apps"][1];
-    assert_eq!(lu["seq"]["errors"], serde_json::json!(["no result within 2s; killed"]), "{lu}");
+    assert_eq!(lu["seq"]["errors"], serde_json::json!(["no result within 4s; killed"]), "{lu}");
     assert_eq!(lu["seq"]["reps"], serde_json::json!([]), "{lu}");
     // Nothing any run started outlives it: 3 stragglers of `is`, 3 hung `lu`s.
     let pids: Vec<i32> = std::fs::read_to_string(&pids)
@@ -247,12 +318,11 @@ fn runs_that_hang_or_leave_processes_behind_are_killed_whole() {
         .map(|l| l.trim().parse().expect("a pid"))
         .collect();
     assert_eq!(pids.len(), 6, "{pids:?}");
-    let alive = |pid: i32| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while pids.iter().any(|&p| alive(p)) && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(50));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while pids.iter().any(|&p| running(p)) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
     }
-    let left: Vec<i32> = pids.iter().copied().filter(|&p| alive(p)).collect();
+    let left: Vec<i32> = pids.iter().copied().filter(|&p| running(p)).collect();
     assert!(left.is_empty(), "still running: {left:?}\n{all}");
 }
 
@@ -290,8 +360,6 @@ fn an_interrupt_stops_the_runner_and_kills_the_run_in_progress() {
             .arg("--out")
             .arg(&out_dir)
             .env("PIDS", &pids)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("tmk-bench starts"),
         pids.clone(),
@@ -318,13 +386,52 @@ fn an_interrupt_stops_the_runner_and_kills_the_run_in_progress() {
     std::io::Read::read_to_string(&mut runner.0.stderr.take().expect("stderr"), &mut stderr).expect("read");
     assert_eq!(status.code(), Some(128 + 15), "{stderr}");
     assert!(stderr.contains("tmk-bench: stopped by SIGTERM; the run in progress was killed"), "{stderr}");
-    let alive = |pid: i32| kill(Pid::from_raw(pid), None).is_ok();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while read_pids().into_iter().any(alive) && Instant::now() < deadline {
+    while read_pids().into_iter().any(running) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
-    let left: Vec<i32> = read_pids().into_iter().filter(|&p| alive(p)).collect();
+    let left: Vec<i32> = read_pids().into_iter().filter(|&p| running(p)).collect();
     assert!(left.is_empty(), "still running: {left:?}\n{stderr}");
+}
+
+/// A runner killed outright (SIGKILL: no handler runs) takes its run in progress along, though
+/// the run leads a process group of its own.
+#[test]
+fn a_runner_killed_outright_takes_its_run_along() {
+    use std::time::Instant;
+    let scratch = Scratch::new("killed");
+    let (bin, out_dir, pids) = (scratch.0.join("bin"), scratch.0.join("out"), scratch.0.join("pids"));
+    std::fs::create_dir_all(&bin).expect("a bin directory");
+    fake_app(&bin, "lu", "echo $$ >> \"$PIDS\"\nexec sleep 300");
+    let runner = Bench::start(
+        bench()
+            .args(["--apps", "lu", "--nodes", "1", "--reps", "1", "--timeout", "60", "--bin"])
+            .arg(&bin)
+            .arg("--out")
+            .arg(&out_dir)
+            .env("PIDS", &pids),
+    );
+    let lu = || std::fs::read_to_string(&pids).ok().and_then(|t| t.trim().parse::<i32>().ok());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let pid = loop {
+        if let Some(pid) = lu() {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "the fake app did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let runner_pid = runner.0.as_ref().expect("running").id() as i32;
+    kill(Pid::from_raw(runner_pid), Signal::SIGKILL).expect("kill the runner");
+    let out = runner.finish();
+    assert_eq!(out.status.code(), None, "{}", text(&out));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while running(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if running(pid) {
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        panic!("the run {pid} outlived its runner");
+    }
 }
 
 /// A RESULT line the runner cannot take (a time that is no time, another mode's run) fails its
@@ -339,14 +446,14 @@ fn results_that_cannot_be_taken_fail_and_the_files_survive_a_lost_terminal() {
     fake_app(&bin, "lu", "echo \"RESULT app=lu mode=seq nprocs=1 secs=0.01 detail=\\\"fake\\\"\"\necho PASS");
     fake_app(&bin, "fft", "echo 'fft was here' >&2\nexec sleep 300");
     let full = std::fs::OpenOptions::new().write(true).open("/dev/full").expect("/dev/full");
-    let out = bench()
-        .args(["--apps", "is,lu,fft", "--nodes", "1", "--reps", "1", "--timeout", "1", "--bin"])
-        .arg(&bin)
-        .arg("--out")
-        .arg(&out_dir)
-        .stdout(full)
-        .output()
-        .expect("tmk-bench runs");
+    let out = finished(
+        bench()
+            .args(["--apps", "is,lu,fft", "--nodes", "1", "--reps", "1", "--timeout", "3", "--bin"])
+            .arg(&bin)
+            .arg("--out")
+            .arg(&out_dir)
+            .stdout(full),
+    );
     let all = text(&out);
     assert_eq!(out.status.code(), Some(1), "{all}");
     assert!(!all.contains("panicked"), "{all}");
