@@ -14,7 +14,7 @@ mod heap;
 mod malloc;
 
 use std::io::Read;
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
@@ -24,6 +24,8 @@ use super::{FaultBackend, Heap, HeapLayout, MemError};
 
 /// Environment variable that selects the child role (the full test name).
 const CHILD_VAR: &str = "TMK_MEM_TEST_CHILD";
+/// What a child prints once the test's body returned.
+const CHILD_DONE: &str = "treadmarks mem test child: body done";
 /// How long a child may run before it is killed and the test fails.
 const CHILD_DEADLINE: Duration = Duration::from_secs(60);
 
@@ -76,9 +78,11 @@ pub(super) struct ChildOutput {
 }
 
 impl ChildOutput {
+    /// The child ended well, and ran the test's body (a child whose `--exact` name matched no
+    /// test would exit 0 too).
     pub(super) fn assert_success(&self) {
         assert!(
-            self.status.success(),
+            self.status.success() && self.stdout.contains(CHILD_DONE),
             "child failed with {:?}\n--- stdout\n{}\n--- stderr\n{}",
             self.status,
             self.stdout,
@@ -104,11 +108,31 @@ pub(super) fn run_in_child(test: &str, body: impl FnOnce()) -> ChildOutput {
     let test = test.strip_prefix("treadmarks::").unwrap_or(test);
     if std::env::var(CHILD_VAR).as_deref() == Ok(test) {
         body();
+        println!("{CHILD_DONE}");
         std::process::exit(0);
     }
     let exe = std::env::current_exe().expect("path of the test binary");
-    let mut child = Command::new(exe)
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+    let mut cmd = Command::new(exe);
+    let parent = std::process::id() as i32;
+    // SAFETY: the hook runs in the child between fork and exec, where only async-signal-safe
+    // calls are allowed: two system calls (`prctl`, `getppid`) and an `io::Error` from an errno,
+    // which allocates nothing. The child dies (SIGKILL) with this test's thread, which waits for
+    // it: a child hung in a fault does not outlive a test process killed from outside. If the
+    // test process died before the hook, the child exits at once.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        // An ignored test's children are ignored tests too (`fault_backend_costs`).
+        .args(["--exact", test, "--include-ignored", "--nocapture", "--test-threads=1"])
         .env(CHILD_VAR, test)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
