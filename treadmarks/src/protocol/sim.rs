@@ -368,6 +368,27 @@ enum Fuzzed {
     Refused,
 }
 
+/// Every word of every page node `i` may read without a fault holds a value the application
+/// could read there now, read or not; on a page another node is overwriting meanwhile
+/// (`Hb::overwriting`), a value written there at least. Checked after every acquire (by a grant,
+/// or done at once with the token here) and every barrier.
+fn valid_pages_hold_allowed_values(hb: &Hb, node: &Node<VecMemory>, i: usize, seed: u64, done: &AppDone) {
+    for w in 0..hb.hist.len() as u32 {
+        let (p, off) = locate(w);
+        if node.mem().access(p) == Access::None {
+            continue;
+        }
+        let got = u32::from_ne_bytes(node.mem().app_read(p)[off..off + 4].try_into().unwrap());
+        assert!(
+            hb.allows(i, w as usize, got),
+            "seed {seed}: node {i} after {done:?}: valid {p} holds {got:#x} in word {w}, where LRC \
+             allows {}; the word's writes: {}",
+            hb.describe(i, w as usize),
+            hb.history(w as usize)
+        );
+    }
+}
+
 fn locate(w: u32) -> (PageIdx, usize) {
     (PageIdx(w / WORDS_PER_PAGE), (w % WORDS_PER_PAGE) as usize * 4)
 }
@@ -473,25 +494,8 @@ impl Sim {
                     AppDone::BarrierPassed(_) => hb.pass(i),
                     _ => {}
                 }
-                // Every word of every page the node may read without a fault holds a value the
-                // application could read there now, read or not; on a page another node is
-                // overwriting meanwhile (`Hb::overwriting`), a value written there at least.
                 if matches!(done, AppDone::Acquired(_) | AppDone::BarrierPassed(_)) {
-                    for w in 0..hb.hist.len() as u32 {
-                        let (p, off) = locate(w);
-                        if sn.node.mem().access(p) == Access::None {
-                            continue;
-                        }
-                        let got =
-                            u32::from_ne_bytes(sn.node.mem().app_read(p)[off..off + 4].try_into().unwrap());
-                        assert!(
-                            hb.allows(i, w as usize, got),
-                            "seed {seed}: node {i} after {done:?}: valid {p} holds {got:#x} in word {w}, \
-                             where LRC allows {}; the word's writes: {}",
-                            hb.describe(i, w as usize),
-                            hb.history(w as usize)
-                        );
-                    }
+                    valid_pages_hold_allowed_values(hb, &sn.node, i, seed, &done);
                 }
             }
             match (&done, sn.prog[sn.pc.min(sn.prog.len() - 1)]) {
@@ -715,6 +719,9 @@ impl Sim {
                     took,
                     "seed {seed}: node {i}: the token of {l} is here but the acquire did not complete"
                 );
+                // A token that came bundled in another lock's grant is first used here.
+                let done = AppDone::Acquired(l);
+                valid_pages_hold_allowed_values(&self.hb, &self.nodes[i].node, i, seed, &done);
                 self.nodes[i].pc += 1;
             }
             Op::Acquire(l) => {
