@@ -1,4 +1,5 @@
-//! Decoding a `SmallVec` from a peer's message without reserving what its length prefix claims.
+//! Decoding a peer's sequences without reserving what their length prefixes claim, and the
+//! page lists of a reply or a push no longer than any node sends.
 //!
 //! `smallvec`'s own `Deserialize` reserves the sequence's size hint up front, and postcard's hint
 //! is the wire's length prefix, bounded only by the bytes left in the frame: a 64 MiB frame
@@ -6,11 +7,20 @@
 //! failed to decode. As serde does for a `Vec`, [`small_vec`] reserves at most
 //! [`PREALLOC_BYTES`] ahead and grows as entries actually decode.
 //!
+//! A list of pages takes up to ~50 times as much memory decoded as on the wire (a page with no
+//! diffs: 2 bytes sent, 96 decoded), so a 64 MiB frame listing 33 M of them decoded into ~3.2 GB
+//! before any check saw a page. The lists with a bound that no honest node exceeds are refused by
+//! their length prefix, before an entry is decoded: a diff or page reply answers one request of
+//! at most [`PAGES_PER_REQUEST`] pages ([`request_pages`]), a push carries at most
+//! [`PUSH_MAX_PAGES`] ([`push_pages`]). (The limits can only be lowered, in tests.)
+//!
 //! Invariant: decoding a sequence of `n` entries allocates no more than the entries' size
 //! (rounded up by growth) or [`PREALLOC_BYTES`], whichever is more; the wire format is
-//! `smallvec`'s (a sequence), so what a peer encodes is decoded unchanged.
+//! `smallvec`'s or `Vec`'s (a sequence), so what a peer encodes is decoded unchanged.
 
-use serde::de::{Deserialize, Deserializer, SeqAccess, Visitor};
+use super::page::PAGES_PER_REQUEST;
+use super::push::PUSH_MAX_PAGES;
+use serde::de::{Deserialize, Deserializer, Error, SeqAccess, Visitor};
 use smallvec::{Array, SmallVec};
 use std::fmt;
 use std::marker::PhantomData;
@@ -48,6 +58,52 @@ where
     deserializer.deserialize_seq(Entries(PhantomData))
 }
 
+/// Decodes the pages of a diff or page reply: at most [`PAGES_PER_REQUEST`], the most a request
+/// names (use as `#[serde(deserialize_with = "...")]`).
+pub fn request_pages<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
+    vec_at_most(d, PAGES_PER_REQUEST, "pages, the most a request names")
+}
+
+/// Decodes the pages of a push: at most [`PUSH_MAX_PAGES`].
+pub fn push_pages<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
+    vec_at_most(d, PUSH_MAX_PAGES, "pages, the most a push carries")
+}
+
+/// Decodes a `Vec` of at most `most` entries; a longer one is refused by its length prefix (or,
+/// from a format without one, at entry `most + 1`), naming its length.
+fn vec_at_most<'de, D, T>(deserializer: D, most: usize, what: &'static str) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    struct Entries<T> {
+        most: usize,
+        what: &'static str,
+        entries: PhantomData<T>,
+    }
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for Entries<T> {
+        type Value = Vec<T>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "at most {} {}", self.most, self.what)
+        }
+        fn visit_seq<S: SeqAccess<'de>>(self, mut seq: S) -> Result<Vec<T>, S::Error> {
+            let claimed = seq.size_hint().unwrap_or(0);
+            if claimed > self.most {
+                return Err(S::Error::invalid_length(claimed, &self));
+            }
+            let mut out = Vec::with_capacity(claimed);
+            while let Some(entry) = seq.next_element()? {
+                if out.len() == self.most {
+                    return Err(S::Error::invalid_length(self.most + 1, &self));
+                }
+                out.push(entry);
+            }
+            Ok(out)
+        }
+    }
+    deserializer.deserialize_seq(Entries { most, what, entries: PhantomData })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -81,6 +137,39 @@ mod tests {
         // smallvec's own decoder takes the claim at its word (here it cannot even try).
         let lying = Lying { entries: vec![1, 2, 3].into_iter(), claims: usize::MAX / 8 };
         assert!(SmallVec::<[u32; 2]>::deserialize(SeqAccessDeserializer::new(lying)).is_err());
+    }
+
+    /// A reply or push listing more pages than any node sends is refused by its length, before
+    /// a page of it is decoded; one at the limit decodes.
+    #[test]
+    fn page_lists_longer_than_any_node_sends_are_refused_by_their_length() {
+        use crate::protocol::PageIdx;
+        use crate::protocol::msg::{Message, PageDiffs, UnaskedDiffs};
+        let reply = |n: usize| Message::DiffReply {
+            pages: vec![PageDiffs { page: PageIdx(0), diffs: Default::default() }; n],
+            continued: false,
+        };
+        let push = |n: usize| Message::DiffPush {
+            episode: 1,
+            upto: 1,
+            pages: vec![UnaskedDiffs { page: PageIdx(0), after_seq: 0, diffs: Default::default() }; n],
+        };
+        let decode = |m: Message| postcard::from_bytes::<Message>(&postcard::to_allocvec(&m).unwrap());
+        assert!(decode(reply(PAGES_PER_REQUEST)).is_ok());
+        assert!(decode(push(PUSH_MAX_PAGES)).is_ok());
+        // postcard's errors name no value; serde's own decoder shows what the visitor says.
+        assert!(decode(reply(PAGES_PER_REQUEST + 1)).is_err());
+        assert!(decode(push(PUSH_MAX_PAGES + 1)).is_err());
+        let lying = Lying { entries: vec![1, 2, 3].into_iter(), claims: 33_000_000 };
+        let err = request_pages::<_, u32>(SeqAccessDeserializer::new(lying)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid length 33000000, expected at most 256 pages, the most a request names"
+        );
+        // A format that gives no length is cut off at the first page too many.
+        let no_length = Lying { entries: (0..100).collect::<Vec<u32>>().into_iter(), claims: 0 };
+        let err = push_pages::<_, u32>(SeqAccessDeserializer::new(no_length)).unwrap_err();
+        assert_eq!(err.to_string(), "invalid length 65, expected at most 64 pages, the most a push carries");
     }
 
     #[test]

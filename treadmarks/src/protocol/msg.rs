@@ -136,17 +136,29 @@ pub enum Message {
     /// Writer → faulting node: the diffs, page by page, in the order asked; one request's
     /// answer comes in several replies when its diffs are larger than `limits.reply_bytes`.
     /// `continued`: this reply's last page has more diffs in the next reply.
-    DiffReply { pages: Vec<PageDiffs>, continued: bool },
+    DiffReply {
+        #[serde(deserialize_with = "super::cautious::request_pages")]
+        pages: Vec<PageDiffs>,
+        continued: bool,
+    },
     /// Writer → a node that read these pages before, at the writer's arrival at a barrier: its
     /// diffs of them up to interval `upto`, before they are asked for (see `push.rs`).
     /// `episode`: the number of barriers passed once this one completes.
-    DiffPush { episode: u64, upto: IntervalIdx, pages: Vec<UnaskedDiffs> },
+    DiffPush {
+        episode: u64,
+        upto: IntervalIdx,
+        #[serde(deserialize_with = "super::cautious::push_pages")]
+        pages: Vec<UnaskedDiffs>,
+    },
     /// Reader → writer: pushes of these pages went unused; stop pushing them.
     Unsubscribe { pages: Vec<PageIdx> },
     /// Node that dropped pages at a collection → a node holding copies: send them whole.
     PageRequest { pages: Vec<PageIdx> },
     /// The whole pages.
-    PageReply { pages: Vec<PageCopy> },
+    PageReply {
+        #[serde(deserialize_with = "super::cautious::request_pages")]
+        pages: Vec<PageCopy>,
+    },
     /// Any node → node 0: allocate.
     AllocRequest { bytes: u64, align: u64 },
     /// Node 0 → requester: the heap offset, or why not.

@@ -539,8 +539,19 @@ impl<M: PageMemory> Node<M> {
     }
 
     /// Index of the open interval.
+    ///
+    /// Panics once the node has recorded `IntervalIdx::MAX` intervals (at ~5 µs an interval,
+    /// some six hours of nothing else): a wrapped index would be taken by every peer for one it
+    /// already has, and its write notices dropped without a word. The runtime ends the process
+    /// on the panic, with its message, and the other nodes with it.
     pub(crate) fn open_interval(&self) -> IntervalIdx {
-        self.vt.get(self.me) + 1
+        self.vt.get(self.me).checked_add(1).unwrap_or_else(|| {
+            panic!(
+                "{} has recorded {} intervals, the most an interval index counts; the job cannot go on",
+                self.me,
+                IntervalIdx::MAX
+            )
+        })
     }
 
     /// Closes the open interval if it made a twin: records a write notice for every page whose
@@ -710,7 +721,7 @@ impl<M: PageMemory> Node<M> {
                 return Err(bad(format!("pages not ascending ({} then {})", w[0], w[1])));
             }
             let k = &mut known[r.node.idx()];
-            if r.index > *k + 1 {
+            if r.index > k.saturating_add(1) {
                 return Err(ProtocolError::IntervalGap { from, node: r.node, known: *k, got: r.index });
             }
             *k = (*k).max(r.index);

@@ -3,10 +3,13 @@
 //! # Page state
 //! Protection lives in [`PageMemory::access`]; the rest here:
 //! - `twin`: the page has a twin, made in interval `first` (possibly several intervals ago). While
-//!   it has one the page is `ReadWrite` and in the node's twinned set, and the interval that made
-//!   the twin carries a write notice for it (later ones need not: whoever holds that notice asks
-//!   for diffs up to at least that interval, which cuts the twin and so brings every write made
-//!   until then; see `Node::close_interval`). The page is *not* write-protected at interval
+//!   it has one the page is `ReadWrite` and in the node's twinned set, and a twin that differs
+//!   from its page is noticed in interval `first` once that interval closes (later intervals
+//!   need not notice it: whoever holds that notice asks for diffs up to at least that interval,
+//!   which cuts the twin and so brings every write made until then; see `Node::close_interval`).
+//!   A twin made ahead of writes, or renewed, that is still unchanged when its interval closes
+//!   carries no notice: it is kept with `first` moved on, or dropped; one cut before its interval
+//!   closed is unchanged, so its diff is empty. The page is *not* write-protected at interval
 //!   ends: a page written every interval (the common case) then faults once, not once per
 //!   interval. A notice is a claim "there may be changes up to here", which is safe.
 //! - `writers[n]`: for each writer `n`, the newest interval `noticed` for which we hold a write

@@ -235,6 +235,16 @@ fn the_collection_warning_comes_only_where_no_barrier_collects() {
     );
 }
 
+/// A node whose interval index would wrap stops, saying why, instead of numbering its next
+/// interval 0, which every peer would take for one it has and drop with its write notices.
+#[test]
+#[should_panic(expected = "node 0 has recorded 4294967295 intervals, the most an interval index counts")]
+fn the_interval_after_the_last_index_stops_the_node() {
+    let mut net = Net::new(2);
+    net.nodes[0].vt.set(NodeId(0), IntervalIdx::MAX);
+    net.write(0, 1, 0, 7);
+}
+
 #[test]
 fn reacquiring_a_lock_nobody_asked_for_costs_no_message() {
     let mut net = Net::new(2);
