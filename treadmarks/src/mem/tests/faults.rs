@@ -297,18 +297,7 @@ fn fault_outside_the_heap_chains_to_the_default_action(backend: FaultBackend, te
         no_core_dumps();
         let heap = map(layout(13, 4), backend).unwrap();
         let _handler = FaultHandler::install(heap, Doorbell::new().unwrap()).unwrap();
-        // SAFETY: a fresh private PROT_NONE page, ours to fault on.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                4096,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(p, libc::MAP_FAILED);
+        let p = guard_page();
         // SAFETY: deliberately faults; the handler chains and the process dies by SIGSEGV.
         let b = unsafe { std::ptr::read_volatile(p.cast::<u8>()) };
         eprintln!("unreachable: read {b}");
