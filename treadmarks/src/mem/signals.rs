@@ -230,7 +230,8 @@ pub(super) unsafe fn chain(
 unsafe fn mask_for(prev: &libc::sigaction, sig: libc::c_int, uctx: *mut libc::c_void) -> libc::sigset_t {
     // SAFETY: the caller's contract: a live `ucontext_t`, which holds the interrupted mask.
     let mut mask = unsafe { (*uctx.cast::<libc::ucontext_t>()).uc_sigmask };
-    // Linux's signals are 1..=64 (`_NSIG` is 65); `sigismember` refuses none of them here.
+    // Linux's signals are 1..=64 (`_NSIG` is 65); glibc's `sigaddset` leaves alone the two it
+    // keeps for itself (32 and 33), which its `pthread_sigmask` would not change anyway.
     for s in 1..65 {
         // SAFETY: `sa_mask` is an initialized set; `s` is a valid signal number.
         if unsafe { libc::sigismember(&prev.sa_mask, s) } == 1 {
