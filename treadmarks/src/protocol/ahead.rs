@@ -36,8 +36,17 @@ pub const RECORD_BYTES: usize = 8 << 20;
 /// Bytes `r` takes in a message, at most: postcard writes each integer as a varint of at most
 /// 5 bytes (3 for a node id) and each list's length before it.
 pub(crate) fn record_wire_bytes(r: &IntervalRecord) -> usize {
-    3 + 5 + 3 * 5 + 5 * (r.vt.len() + r.pages.len() + r.locks.len())
+    RECORD_WIRE_BYTES_LEAST + 5 * (r.vt.len() + r.pages.len() + r.locks.len())
 }
+
+/// [`record_wire_bytes`] of a record with empty lists, the least it gives.
+const RECORD_WIRE_BYTES_LEAST: usize = 3 + 5 + 3 * 5;
+
+/// Most records one list of a message holds: a list of more than one record is cut to
+/// [`RECORD_BYTES`] by [`record_wire_bytes`], which gives each at least
+/// `RECORD_WIRE_BYTES_LEAST`. A decoder refuses a longer list by its length (`cautious.rs`):
+/// a record takes ~100 bytes in memory and as few as 5 on the wire.
+pub const MOST_RECORDS: usize = RECORD_BYTES / RECORD_WIRE_BYTES_LEAST + 1;
 
 /// Cuts the head off `records` until what is left takes at most `budget` bytes, and returns the
 /// head in parts of at most `budget` bytes each, in order (each holds at least one record,
@@ -162,6 +171,22 @@ mod tests {
     fn the_bound_on_records_held_is_the_consistency_limit_but_at_least_64_mib() {
         assert_eq!(Accounting::parts_limit(1 << 20), 64 << 20);
         assert_eq!(Accounting::parts_limit(u64::MAX), u64::MAX);
+    }
+
+    /// The decoders' cap on a list's records ([`MOST_RECORDS`]) holds for what a sender sends:
+    /// no list of more than one record holds more than the budget over the least bound.
+    #[test]
+    fn no_list_a_sender_cuts_holds_more_records_than_the_cap() {
+        let least = RECORD_WIRE_BYTES_LEAST;
+        let mut empty = rec(1, 0);
+        empty.vt = VectorTime::from_entries(vec![]);
+        assert_eq!(record_wire_bytes(&empty), least);
+        for budget in [least, 3 * least + 7, 50 * least] {
+            let mut recs: Vec<_> = (1..=500).map(|_| empty.clone()).collect();
+            let parts = cut_ahead(&mut recs, budget);
+            let most = parts.iter().chain([&recs]).map(Vec::len).max().unwrap();
+            assert!(most <= budget / least + 1, "budget {budget}: a list of {most}");
+        }
     }
 
     #[test]

@@ -12,12 +12,15 @@
 //! before any check saw a page. The lists with a bound that no honest node exceeds are refused by
 //! their length prefix, before an entry is decoded: a diff or page reply answers one request of
 //! at most [`PAGES_PER_REQUEST`] pages ([`request_pages`]), a push carries at most
-//! [`PUSH_MAX_PAGES`] ([`push_pages`]). (The limits can only be lowered, in tests.)
+//! [`PUSH_MAX_PAGES`] ([`push_pages`]), and a list of interval records at most [`MOST_RECORDS`]
+//! ([`records`]). (The limits can only be lowered, in tests.) A lock grant's diffs have no such
+//! bound (a grant may list every page the acquirer reads).
 //!
 //! Invariant: decoding a sequence of `n` entries allocates no more than the entries' size
 //! (rounded up by growth) or [`PREALLOC_BYTES`], whichever is more; the wire format is
 //! `smallvec`'s or `Vec`'s (a sequence), so what a peer encodes is decoded unchanged.
 
+use super::ahead::MOST_RECORDS;
 use super::page::PAGES_PER_REQUEST;
 use super::push::PUSH_MAX_PAGES;
 use serde::de::{Deserialize, Deserializer, Error, SeqAccess, Visitor};
@@ -62,6 +65,12 @@ where
 /// names (use as `#[serde(deserialize_with = "...")]`).
 pub fn request_pages<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
     vec_at_most(d, PAGES_PER_REQUEST, "pages, the most a request names")
+}
+
+/// Decodes the interval records of a grant, arrival, release or part sent ahead: at most
+/// [`MOST_RECORDS`], the most a sender puts in one list.
+pub fn records<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
+    vec_at_most(d, MOST_RECORDS, "interval records, the most one list holds")
 }
 
 /// Decodes the pages of a push: at most [`PUSH_MAX_PAGES`].
@@ -139,10 +148,10 @@ mod tests {
         assert!(SmallVec::<[u32; 2]>::deserialize(SeqAccessDeserializer::new(lying)).is_err());
     }
 
-    /// A reply or push listing more pages than any node sends is refused by its length, before
-    /// a page of it is decoded; one at the limit decodes.
+    /// A reply or push listing more pages, or a list of more interval records, than any node
+    /// sends is refused by its length, before an entry is decoded; one at the limit decodes.
     #[test]
-    fn page_lists_longer_than_any_node_sends_are_refused_by_their_length() {
+    fn lists_longer_than_any_node_sends_are_refused_by_their_length() {
         use crate::protocol::PageIdx;
         use crate::protocol::msg::{Message, PageDiffs, UnaskedDiffs};
         let reply = |n: usize| Message::DiffReply {
@@ -166,6 +175,9 @@ mod tests {
             err.to_string(),
             "invalid length 33000000, expected at most 256 pages, the most a request names"
         );
+        let lying = Lying { entries: vec![1].into_iter(), claims: MOST_RECORDS + 1 };
+        let err = records::<_, u32>(SeqAccessDeserializer::new(lying)).unwrap_err();
+        assert!(err.to_string().starts_with(&format!("invalid length {}", MOST_RECORDS + 1)), "{err}");
         // A format that gives no length is cut off at the first page too many.
         let no_length = Lying { entries: (0..100).collect::<Vec<u32>>().into_iter(), claims: 0 };
         let err = push_pages::<_, u32>(SeqAccessDeserializer::new(no_length)).unwrap_err();

@@ -104,7 +104,13 @@ pub enum Message {
     /// diffs of the pages it wrote while holding this lock or a bundled one and of those the
     /// acquirer reads (see `lock.rs`), and the tokens of
     /// locks the acquirer wished for that the releaser held unused (`bundled`; see `lock.rs`).
-    LockGrant { lock: LockId, intervals: Vec<IntervalRecord>, diffs: Vec<UnaskedDiffs>, bundled: Vec<LockId> },
+    LockGrant {
+        lock: LockId,
+        #[serde(deserialize_with = "super::cautious::records")]
+        intervals: Vec<IntervalRecord>,
+        diffs: Vec<UnaskedDiffs>,
+        bundled: Vec<LockId>,
+    },
     /// Client → barrier manager (node 0): arrival, with the client's intervals the manager lacks;
     /// `gc`: the client's consistency data is over the threshold (or it asked to collect).
     /// `pushes`: the nodes this one pushes diffs to at this barrier, after this message
@@ -112,6 +118,7 @@ pub enum Message {
     BarrierArrive {
         barrier: BarrierId,
         vt: VectorTime,
+        #[serde(deserialize_with = "super::cautious::records")]
         intervals: Vec<IntervalRecord>,
         gc: bool,
         pushes: Vec<NodeId>,
@@ -122,6 +129,7 @@ pub enum Message {
     /// before it passes.
     BarrierRelease {
         barrier: BarrierId,
+        #[serde(deserialize_with = "super::cautious::records")]
         intervals: Vec<IntervalRecord>,
         gc: bool,
         heap_end: u64,
@@ -187,7 +195,10 @@ pub enum Message {
     /// The head of the interval records of the next `LockGrant`, `BarrierArrive` or
     /// `BarrierRelease` its sender sends to the receiver, sent ahead when the records take more
     /// than `limits.record_bytes` (see `ahead.rs`).
-    Intervals { intervals: Vec<IntervalRecord> },
+    Intervals {
+        #[serde(deserialize_with = "super::cautious::records")]
+        intervals: Vec<IntervalRecord>,
+    },
 }
 
 /// The kind of a message, for statistics.
