@@ -24,9 +24,13 @@
 //! Invariants:
 //! - a frame produced by [`encode_frame`] has a payload of `1..=MAX_FRAME` bytes (a message that
 //!   encodes to nothing would read as goodbye, so it is refused);
-//! - decoding never panics and never allocates more than the input justifies: a header above
-//!   [`MAX_FRAME`], a truncated or garbled payload, or bytes left over after the message are all
-//!   an `Err`.
+//! - decoding never panics, and a header above [`MAX_FRAME`], a truncated or garbled payload, or
+//!   bytes left over after the message are all an `Err`;
+//! - decoding reserves no more than a sequence's entries that actually decode (or 64 KiB ahead),
+//!   and refuses the lists with a bound no honest sender exceeds (a reply's or push's pages, a
+//!   message's interval records) by their length (`protocol/cautious.rs`). What decoded entries
+//!   take in memory can still be several times their wire bytes, up to ~35 times for a lock
+//!   grant listing pages with no diffs, its one list with no such bound.
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
