@@ -43,8 +43,8 @@ pub(crate) fn record_wire_bytes(r: &IntervalRecord) -> usize {
 const RECORD_WIRE_BYTES_LEAST: usize = 3 + 5 + 3 * 5;
 
 /// Most records one list of a message holds: a list of more than one record is cut to
-/// [`RECORD_BYTES`] by [`record_wire_bytes`], which gives each at least
-/// `RECORD_WIRE_BYTES_LEAST`. A decoder refuses a longer list by its length (`cautious.rs`):
+/// [`RECORD_BYTES`] by the records' wire bound (`record_wire_bytes`), which gives each at least
+/// `RECORD_WIRE_BYTES_LEAST` (23 bytes). A decoder refuses a longer list by its length (`cautious.rs`):
 /// a record takes ~100 bytes in memory and as few as 5 on the wire.
 pub const MOST_RECORDS: usize = RECORD_BYTES / RECORD_WIRE_BYTES_LEAST + 1;
 
