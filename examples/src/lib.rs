@@ -51,6 +51,16 @@ pub struct Flag {
     pub name: &'static str,
     pub default: &'static str,
     pub help: &'static str,
+    /// Other names of the same flag (`--iterations` for `--steps`, say): each sets it as
+    /// `--name` does, and `--help` lists them with it. Usually none (`&[]`).
+    pub aliases: &'static [&'static str],
+}
+
+impl Flag {
+    /// Whether `--key` names this flag, by its name or an alias.
+    fn is_named(&self, key: &str) -> bool {
+        self.name == key || self.aliases.contains(&key)
+    }
 }
 
 /// An app's command line, less the runtime's own flags (`-n`, `--nprocs`, `--rank`, `--root`),
@@ -59,6 +69,8 @@ pub struct Flag {
 pub struct Args {
     args: Vec<String>,
     flags: &'static [Flag],
+    /// The nodes, threads or processes the run will have (`-n`; 1 in seq mode).
+    nprocs: usize,
 }
 
 impl Args {
@@ -66,7 +78,14 @@ impl Args {
     /// `--mode` (one of `modes`) or a flag of `flags` with a value. (`--help` is taken first, by
     /// [`command_line`].)
     pub fn new(app: &str, args: &[String], flags: &'static [Flag], modes: &[&str]) -> Self {
-        let parsed = Args { args: args.to_vec(), flags };
+        for (i, f) in flags.iter().enumerate() {
+            let names = std::iter::once(&f.name).chain(f.aliases);
+            for n in names {
+                let clash = *n == "mode" || flags[i + 1..].iter().any(|g| g.is_named(n));
+                assert!(!clash, "{app}: --{n} is declared twice (a flag's name or alias)");
+            }
+        }
+        let parsed = Args { args: args.to_vec(), flags, nprocs: 1 };
         let mut it = args.iter();
         while let Some(a) = it.next() {
             let Some(flag) = a.strip_prefix("--") else {
@@ -76,7 +95,7 @@ impl Args {
                 Some((name, _)) => (name, true),
                 None => (flag, false),
             };
-            if name != "mode" && !flags.iter().any(|f| f.name == name) {
+            if name != "mode" && !flags.iter().any(|f| f.is_named(name)) {
                 fail_usage(&format!("{app}: unknown flag --{name}\n{}", usage(app, flags, modes)))
             }
             if !inline && it.next().is_none() {
@@ -92,22 +111,31 @@ impl Args {
 
     /// The value of `--mode`, or `dsm`.
     pub fn mode(&self) -> String {
-        self.value("mode").unwrap_or_else(|| "dsm".into())
+        self.value(|key| key == "mode").map_or_else(|| "dsm".into(), |(_, v)| v)
     }
 
-    /// The value of flag `name` (one of the app's), parsed, or its declared default. Exits with
-    /// a message naming the value if it does not parse.
+    /// The value of flag `name` (one of the app's), parsed, or its declared default: the last
+    /// value given under its name or any of its aliases. Exits with a message naming the value
+    /// (and the spelling it was given under) if it does not parse.
     pub fn get<T: std::str::FromStr>(&self, name: &str) -> T {
         let Some(flag) = self.flags.iter().find(|f| f.name == name) else {
             panic!("--{name} is not one of this app's declared flags")
         };
-        let raw = self.value(name).unwrap_or_else(|| flag.default.to_string());
-        raw.parse().unwrap_or_else(|_| fail_usage(&format!("bad value {raw:?} for --{name}")))
+        let (key, raw) = self
+            .value(|key| flag.is_named(key))
+            .unwrap_or_else(|| (name.to_string(), flag.default.to_string()));
+        raw.parse().unwrap_or_else(|_| fail_usage(&format!("bad value {raw:?} for --{key}")))
     }
 
-    /// The last value given for `--name`, if any. (Every flag has its value, inline or next:
-    /// [`Args::new`] checked; a value is never taken for a flag.)
-    fn value(&self, name: &str) -> Option<String> {
+    /// The nodes, threads or processes the run will have: `-n` ([`command_line`] sets it), 1 in
+    /// seq mode. For a size check whose arrays grow with it.
+    pub fn nprocs(&self) -> usize {
+        self.nprocs
+    }
+
+    /// The last `(key, value)` given for a key that `wanted` accepts, if any. (Every flag has its
+    /// value, inline or next: [`Args::new`] checked; a value is never taken for a flag.)
+    fn value(&self, wanted: impl Fn(&str) -> bool) -> Option<(String, String)> {
         let mut found = None;
         let mut it = self.args.iter();
         while let Some(a) = it.next() {
@@ -116,8 +144,8 @@ impl Args {
                 Some((key, v)) => (key, Some(v.to_string())),
                 None => (flag, it.next().cloned()),
             };
-            if key == name {
-                found = v;
+            if wanted(key) {
+                found = v.map(|v| (key.to_string(), v));
             }
         }
         found
@@ -138,9 +166,10 @@ fn usage(app: &str, flags: &[Flag], modes: &[&str]) -> String {
     };
     let mut lines = vec![("-n N".to_string(), n_help.to_string())];
     lines.push((format!("--mode {}", modes.join("|")), mode_help));
-    lines.extend(
-        flags.iter().map(|f| (format!("--{} V", f.name), format!("{} (default {})", f.help, f.default))),
-    );
+    lines.extend(flags.iter().map(|f| {
+        let also: String = f.aliases.iter().map(|a| format!("; also --{a} V")).collect();
+        (format!("--{} V", f.name), format!("{} (default {}{also})", f.help, f.default))
+    }));
     let width = lines.iter().map(|(l, _)| l.len()).max().unwrap_or(0);
     let mut out = format!("usage: {app} [-n N] [--mode M]");
     for f in flags {
@@ -233,7 +262,9 @@ pub fn command_line(name: &str, flags: &'static [Flag], modes: &[&str]) -> (trea
     }
     let (config, rest) =
         treadmarks::Config::from_env_and_args(raw).unwrap_or_else(|e| fail_usage(&format!("{name}: {e}")));
-    (config, Args::new(name, &rest, flags, modes))
+    let mut args = Args::new(name, &rest, flags, modes);
+    args.nprocs = if args.mode() == "seq" { 1 } else { config.nprocs as usize };
+    (config, args)
 }
 
 /// Runs an app: reads its command line ([`command_line`]) and its size (`size`, which says
@@ -432,9 +463,9 @@ mod tests {
     #[test]
     fn flags_parse_both_ways_and_fall_back_to_their_defaults() {
         const FLAGS: &[Flag] = &[
-            Flag { name: "rows", default: "1", help: "rows" },
-            Flag { name: "cols", default: "2", help: "columns" },
-            Flag { name: "iterations", default: "5", help: "iterations" },
+            Flag { name: "rows", default: "1", help: "rows", aliases: &[] },
+            Flag { name: "cols", default: "2", help: "columns", aliases: &[] },
+            Flag { name: "iterations", default: "5", help: "iterations", aliases: &[] },
         ];
         let raw = ["--rows", "12", "--cols=7", "--mode", "seq", "--rows", "13"].map(String::from);
         let a = Args::new("t", &raw, FLAGS, MODES);
@@ -445,5 +476,33 @@ mod tests {
         let text = usage("t", FLAGS, MODES);
         assert!(text.contains("--cols V") && text.contains("columns (default 2)"), "{text}");
         assert!(!text.contains("mp:"), "{text}");
+    }
+
+    #[test]
+    fn an_alias_sets_its_flag_and_help_lists_it() {
+        const FLAGS: &[Flag] = &[
+            Flag { name: "steps", default: "20", help: "time steps", aliases: &["iterations"] },
+            Flag { name: "size", default: "8", help: "size", aliases: &[] },
+        ];
+        let a = Args::new("t", &["--iterations", "7"].map(String::from), FLAGS, MODES);
+        assert_eq!(a.get::<usize>("steps"), 7);
+        assert_eq!(a.get::<usize>("size"), 8);
+        let a = Args::new("t", &["--iterations=7", "--steps", "9"].map(String::from), FLAGS, MODES);
+        assert_eq!(a.get::<usize>("steps"), 9, "the last value given wins, under either name");
+        let a = Args::new("t", &["--steps", "9", "--iterations", "3"].map(String::from), FLAGS, MODES);
+        assert_eq!(a.get::<usize>("steps"), 3);
+        assert_eq!(Args::new("t", &[], FLAGS, MODES).get::<usize>("steps"), 20);
+        let text = usage("t", FLAGS, MODES);
+        assert!(text.contains("time steps (default 20; also --iterations V)"), "{text}");
+    }
+
+    #[test]
+    #[should_panic(expected = "--steps is declared twice")]
+    fn an_alias_may_not_shadow_another_flag() {
+        const FLAGS: &[Flag] = &[
+            Flag { name: "iterations", default: "1", help: "i", aliases: &["steps"] },
+            Flag { name: "steps", default: "1", help: "s", aliases: &[] },
+        ];
+        Args::new("t", &[], FLAGS, MODES);
     }
 }

@@ -10,8 +10,8 @@ use treadmarks_tests::Job;
 const APPS: [(&str, &str, &[&str]); 11] = [
     ("sor", env!("CARGO_BIN_EXE_sor"), &["--rows", "--cols", "--iterations"]),
     ("jacobi3d", env!("CARGO_BIN_EXE_jacobi3d"), &["--nx", "--ny", "--nz", "--iterations"]),
-    ("water", env!("CARGO_BIN_EXE_water"), &["--molecules", "--steps"]),
-    ("barnes", env!("CARGO_BIN_EXE_barnes"), &["--bodies", "--steps", "--theta"]),
+    ("water", env!("CARGO_BIN_EXE_water"), &["--molecules", "--steps", "also --iterations"]),
+    ("barnes", env!("CARGO_BIN_EXE_barnes"), &["--bodies", "--steps", "also --iterations", "--theta"]),
     ("tsp", env!("CARGO_BIN_EXE_tsp"), &["--cities", "--solve-below", "--seed"]),
     ("qsort", env!("CARGO_BIN_EXE_qsort"), &["--keys", "--threshold", "--seed"]),
     ("is", env!("CARGO_BIN_EXE_is"), &["--log2keys", "--log2max", "--iterations", "--seed"]),
@@ -87,12 +87,27 @@ fn bad_command_lines_are_refused_by_name() {
         (
             env!("CARGO_BIN_EXE_fft"),
             &["--mode", "seq", "--log2n", "40"][..],
-            "fft: --log2n 40: its arrays take 32768.0 GiB",
+            "fft: --log2n 40: its arrays take 81920.0 GiB",
         ),
         (
             env!("CARGO_BIN_EXE_matmul"),
             &["-n", "2", "--size", "10000000"][..],
             "matmul: --size 10000000: its arrays take",
+        ),
+        (
+            env!("CARGO_BIN_EXE_water"),
+            &["--mode", "seq", "--iterations", "1000000000000000"][..],
+            "water: --molecules 512 --steps 1000000000000000: its arrays take",
+        ),
+        (
+            env!("CARGO_BIN_EXE_barnes"),
+            &["-n", "2", "--bodies", "1000000000"][..],
+            "barnes: --bodies 1000000000: its arrays take",
+        ),
+        (
+            env!("CARGO_BIN_EXE_barnes"),
+            &["--mode", "seq", "--bodies", "2000000000"][..],
+            "barnes: --bodies 2000000000 is more than a tree's i32 slots can index",
         ),
         (
             env!("CARGO_BIN_EXE_jacobi3d"),
@@ -132,6 +147,30 @@ fn bad_command_lines_are_refused_by_name() {
     let out = Job::spawn(cmd).wait(Duration::from_secs(60));
     assert_eq!(out.code, Some(2), "sor with TMK_SPIN_US=soon: {out:#?}");
     assert!(out.stderr.contains("bad value \"soon\" for TMK_SPIN_US"), "{out:#?}");
+}
+
+/// water and barnes iterate over time steps: `--iterations` is another name for `--steps`, and
+/// the last value given under either name wins.
+#[test]
+fn iterations_is_another_name_for_steps() {
+    for (exe, args, size) in [
+        (env!("CARGO_BIN_EXE_water"), &["--molecules", "8", "--iterations", "3"][..], "8 molecules, 3 steps"),
+        (
+            env!("CARGO_BIN_EXE_water"),
+            &["--molecules", "8", "--iterations=5", "--steps", "2"][..],
+            "8 molecules, 2 steps",
+        ),
+        (
+            env!("CARGO_BIN_EXE_barnes"),
+            &["--bodies", "64", "--steps", "5", "--iterations", "2"][..],
+            "64 bodies, 2 steps",
+        ),
+    ] {
+        let out = run(exe, &[&["--mode", "seq"][..], args].concat());
+        assert_eq!(out.code, Some(0), "{args:?}: {out:#?}");
+        assert!(out.stdout.contains(&format!("detail=\"{size}")), "{args:?} should run {size:?}: {out:#?}");
+        assert!(out.stdout.lines().any(|l| l == "PASS"), "{args:?}: {out:#?}");
+    }
 }
 
 /// A rank of `radix --mode mp` that exits before it joins the mesh fails the start-up at once,

@@ -414,8 +414,8 @@ fn dsm(app: &mut App, s: &Size) -> treadmarks::Result<(f64, bool, f64)> {
 
 /// The size flags and their defaults (`--help` lists them).
 const FLAGS: &[Flag] = &[
-    Flag { name: "size", default: "1024", help: "matrix order" },
-    Flag { name: "block", default: "32", help: "block order" },
+    Flag { name: "size", default: "1024", help: "matrix order", aliases: &[] },
+    Flag { name: "block", default: "32", help: "block order", aliases: &[] },
 ];
 
 fn size(args: &Args) -> Result<Size, String> {

@@ -3,6 +3,10 @@
 //! i-k-j loop reading all of B. The entries are small integers, so every sum is exact and the
 //! DSM and threads results must equal the sequential one bit for bit.
 //!
+//! The sequential product is itself checked, wherever it is computed (seq mode, and as the
+//! others' reference), by Freivalds' test, which shares no code with [`multiply`]: `C x` must
+//! equal `A (B x)` exactly for two vectors `x` of small nonzero integers ([`freivalds`]).
+//!
 //! `matmul -n 2 [--mode dsm|seq|threads] [--size 1024]`
 
 use std::ops::Range;
@@ -36,11 +40,33 @@ fn initial(rows: Range<usize>, n: usize) -> (Vec<f64>, Vec<f64>) {
     (a, b)
 }
 
-fn sequential(n: usize) -> Vec<f64> {
+/// The sequential product, checked ([`freivalds`]): `None` if it fails.
+fn sequential(n: usize) -> Option<Vec<f64>> {
     let (a, b) = initial(0..n, n);
     let mut c = zeroed(n * n);
     multiply(&mut c, &a, &b, 0..n, n);
-    c
+    freivalds(&a, &b, &c, n).then_some(c)
+}
+
+/// `m x` for an `n` x `n` row-major `m`.
+fn times(m: &[f64], x: &[f64], n: usize) -> Vec<f64> {
+    m.chunks_exact(n.max(1)).map(|row| row.iter().zip(x).map(|(r, v)| r * v).sum()).collect()
+}
+
+/// Freivalds' test of `c == a b`: `c x == a (b x)` for two fixed vectors `x` of integers in
+/// 1..=7, in O(n^2). Every sum is of integers below 2^53 (`|a (b x)|` and `|c x|` are at most
+/// 3 x 2 x 7 n^2; memory keeps `n` far below the 1.4e7 where that reaches 2^53), so it is exact:
+/// a wrong entry `c[i][j]` alone moves `(c x)[i]` by `x[j]` times its error, never 0; errors in
+/// one row cancel for one `x` in at most one case in 7. Says so if it fails.
+fn freivalds(a: &[f64], b: &[f64], c: &[f64], n: usize) -> bool {
+    let ok = [11, 12].iter().all(|&seed| {
+        let x: Vec<f64> = (0..n).map(|j| (mix(seed, j as u64) % 7 + 1) as f64).collect();
+        times(c, &x, n) == times(a, &times(b, &x, n), n)
+    });
+    if !ok {
+        treadmarks::report("matmul: the sequential product fails Freivalds' test");
+    }
+    ok
 }
 
 fn threads(n: usize, nthreads: usize) -> (f64, Vec<f64>) {
@@ -90,12 +116,16 @@ fn dsm(app: &mut App, n: usize) -> treadmarks::Result<(f64, bool)> {
     }
     tmk.barrier(0)?;
     let secs = t.stop(tmk)?;
-    let ok = me != 0 || *tmk.view(&c)? == sequential(n)[..];
+    let ok = me != 0
+        || match sequential(n) {
+            Some(want) => *tmk.view(&c)? == want[..],
+            None => false,
+        };
     Ok((secs, ok))
 }
 
 /// The size flags and their defaults (`--help` lists them).
-const FLAGS: &[Flag] = &[Flag { name: "size", default: "1024", help: "matrix order" }];
+const FLAGS: &[Flag] = &[Flag { name: "size", default: "1024", help: "matrix order", aliases: &[] }];
 
 fn main() -> ExitCode {
     run_app(
@@ -103,23 +133,25 @@ fn main() -> ExitCode {
         FLAGS,
         |args| {
             let n: usize = args.get("size");
-            // A, B and C, n x n doubles each.
-            treadmarks_examples::fits_memory(&format!("--size {n}"), 24 * (n as u128).pow(2))?;
+            // A, B and C, n x n doubles each: the run's (and in DSM mode the rows of A and B a
+            // node keeps, at most two more), and the sequential reference's.
+            treadmarks_examples::fits_memory(&format!("--size {n}"), 8 * 8 * (n as u128).pow(2))?;
             Ok(n)
         },
         |app, n: usize| {
-            let detail = format!("{n}x{n}");
+            let detail = format!("{n}x{n}; sequential product checked by Freivalds' test");
             let (secs, ok) = match app.mode {
                 Mode::Seq => {
                     let (a, b) = initial(0..n, n);
                     let mut c = zeroed(n * n);
                     let t = Timer::start();
                     multiply(&mut c, &a, &b, 0..n, n);
-                    (t.secs(), true)
+                    let secs = t.secs();
+                    (secs, freivalds(&a, &b, &c, n))
                 }
                 Mode::Threads => {
                     let (secs, c) = threads(n, app.nprocs);
-                    (secs, c == sequential(n))
+                    (secs, sequential(n).is_some_and(|want| c == want))
                 }
                 Mode::Dsm => dsm(app, n)?,
             };

@@ -277,9 +277,14 @@ fn dsm(app: &mut App, s: &Size) -> treadmarks::Result<(f64, bool, usize)> {
 
 /// The size flags and their defaults (`--help` lists them).
 const FLAGS: &[Flag] = &[
-    Flag { name: "keys", default: "2097152", help: "keys to sort" },
-    Flag { name: "threshold", default: "65536", help: "ranges at most this long are sorted by one worker" },
-    Flag { name: "seed", default: "1", help: "key generator seed" },
+    Flag { name: "keys", default: "2097152", help: "keys to sort", aliases: &[] },
+    Flag {
+        name: "threshold",
+        default: "65536",
+        help: "ranges at most this long are sorted by one worker",
+        aliases: &[],
+    },
+    Flag { name: "seed", default: "1", help: "key generator seed", aliases: &[] },
 ];
 
 fn size(args: &Args) -> Result<Size, String> {
@@ -287,6 +292,8 @@ fn size(args: &Args) -> Result<Size, String> {
     if s.keys > u32::MAX as usize {
         return Err(format!("--keys {} does not fit in a u32", s.keys));
     }
+    // The keys and the check's sorted copy.
+    treadmarks_examples::fits_memory(&format!("--keys {}", s.keys), 2 * 4 * s.keys as u128)?;
     Ok(s)
 }
 

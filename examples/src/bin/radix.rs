@@ -348,14 +348,21 @@ fn size(args: &Args) -> Result<Size, String> {
     if s.keys > u32::MAX as usize {
         return Err(format!("--keys {} does not fit in a u32", s.keys));
     }
+    // The keys, the array they move into and the check's sorted copy, and a histogram row per
+    // worker. In mp mode a process holds its block, the block it builds, a staging copy and one
+    // buffer per rank each way (at most five blocks: one rank's whole input), and rank 0 the
+    // gathered result and the sorted copy too.
+    let arrays: u128 = if args.mode() == "mp" { 7 } else { 3 };
+    let rows = args.nprocs() as u128 * s.stride() as u128;
+    treadmarks_examples::fits_memory(&format!("--keys {}", s.keys), 4 * (arrays * s.keys as u128 + rows))?;
     Ok(s)
 }
 
 /// The size flags and their defaults (`--help` lists them).
 const FLAGS: &[Flag] = &[
-    Flag { name: "keys", default: "4194304", help: "keys to sort" },
-    Flag { name: "bits", default: "8", help: "bits per digit, 1 to 16" },
-    Flag { name: "seed", default: "1", help: "key generator seed" },
+    Flag { name: "keys", default: "4194304", help: "keys to sort", aliases: &[] },
+    Flag { name: "bits", default: "8", help: "bits per digit, 1 to 16", aliases: &[] },
+    Flag { name: "seed", default: "1", help: "key generator seed", aliases: &[] },
 ];
 
 fn main() -> ExitCode {

@@ -14,7 +14,15 @@
 //! TreadMarks' TSP does) the default solves subtrees of 15 cities left (a few hundred work items
 //! of about a millisecond for 18 cities).
 //!
-//! The optimal length is an integer: every mode must find exactly the sequential one.
+//! The queue holds [`QUEUE_CAP`] partial tours. A tour whose children might not all fit is not
+//! expanded but solved whole by the worker that popped it, depth first (as qsort sorts a range
+//! itself when its stack is full): slower, but the same answer.
+//!
+//! The optimal length is an integer: every mode must find exactly the sequential one. The
+//! sequential search is itself checked, wherever it runs (seq mode, and as the others'
+//! reference): up to [`HELD_KARP_MAX`] cities, its length must be Held and Karp's (an exact
+//! dynamic programme that shares nothing with the branch and bound, so a bound that is not a
+//! lower bound cannot prune the optimum unseen); above, the output says it was not proved.
 //!
 //! `tsp -n 2 [--mode dsm|seq|threads] [--cities 18] [--solve-below 15] [--seed 1]`
 
@@ -29,8 +37,10 @@ const MAX_CITIES: usize = 32;
 /// Lock of the work queue, and of the best tour.
 const QUEUE_LOCK: u32 = 1;
 const BEST_LOCK: u32 = 2;
-/// Queue capacity in partial tours; a run that needs more fails with a message.
+/// Queue capacity in partial tours; a tour whose children might not fit is solved whole instead.
 const QUEUE_CAP: usize = 1 << 18;
+/// The most cities [`held_karp`] checks: 2^19 x 19 lengths (38 MiB) and 2^19 x 19^2 steps.
+const HELD_KARP_MAX: usize = 20;
 
 /// A partial tour from city 0 (or a complete one, for the best tour).
 #[derive(Clone, Copy, Pod, Zeroable, Debug)]
@@ -47,20 +57,30 @@ struct Tour {
     path: [u8; MAX_CITIES],
 }
 
-/// The queue's header: number of partial tours in it, how many were pushed in all, and the best
-/// length known (a copy of the best tour's, kept here so that taking work needs one lock).
+/// The queue's header: number of partial tours in it, how many were pushed in all, the best
+/// length known (a copy of the best tour's, kept here so that taking work needs one lock), and
+/// how many tours were handed out whole because the queue had no room for their children.
 #[derive(Clone, Copy, Pod, Zeroable, Debug)]
 #[repr(C)]
 struct QueueHead {
     count: u64,
     pushed: u64,
     best: u32,
-    _pad: u32,
+    full: u32,
 }
 
 impl QueueHead {
     fn new() -> Self {
-        QueueHead { count: 0, pushed: 0, best: u32::MAX, _pad: 0 }
+        QueueHead { count: 0, pushed: 0, best: u32::MAX, full: 0 }
+    }
+
+    /// What the detail line says of the queue.
+    fn describe(&self) -> String {
+        let mut out = format!("{} partial tours pushed", self.pushed);
+        if self.full > 0 {
+            out += &format!(", {} tours solved whole for lack of queue room", self.full);
+        }
+        out
     }
 }
 
@@ -266,9 +286,10 @@ fn before(a: &Tour, b: &Tour) -> bool {
 }
 
 /// A binary heap of tours in `heap[..*count]`, the same code for the shared and private queues.
+/// There is room: [`get_work`] expands a tour only if all its children fit.
 fn heap_push(heap: &mut [Tour], count: &mut u64, t: Tour) {
     let mut i = *count as usize;
-    assert!(i < heap.len(), "the work queue is full ({} partial tours): raise QUEUE_CAP", heap.len());
+    assert!(i < heap.len(), "bug: a push on the full work queue ({} partial tours)", heap.len());
     *count += 1;
     heap[i] = t;
     while i > 0 {
@@ -309,8 +330,10 @@ fn heap_pop(heap: &mut [Tour], count: &mut u64) -> Option<Tour> {
 }
 
 /// One critical section on the queue: pops tours, expanding (and pushing back the children of)
-/// those with more than `solve_below` cities left, until one small enough to solve turns up.
-/// `None`: the queue is empty, the search is over. Lowers `best` to the queue's copy.
+/// those with more than `solve_below` cities left, until one small enough to solve turns up, or
+/// one whose children (one per city left, at most) might not fit in the queue: that one is
+/// solved whole. `None`: the queue is empty, the search is over. Lowers `best` to the queue's
+/// copy.
 fn get_work(
     p: &Problem,
     heap: &mut [Tour],
@@ -326,6 +349,10 @@ fn get_work(
             continue;
         }
         if p.left(&t) <= solve_below {
+            return Some(t);
+        }
+        if head.count as usize + p.left(&t) > heap.len() {
+            head.full += 1;
             return Some(t);
         }
         children.clear();
@@ -349,13 +376,13 @@ struct Size {
 }
 
 /// The whole search with one worker and a private queue: the sequential baseline and reference.
-/// Returns the best tour and the number of partial tours pushed.
-fn sequential(p: &Problem, s: &Size) -> (Tour, u64) {
+/// Returns the best tour and the queue's final header.
+fn sequential(p: &Problem, s: &Size) -> (Tour, QueueHead) {
     search(p, s, vec![Tour::zeroed(); QUEUE_CAP])
 }
 
 /// [`sequential`] with the queue's storage `heap` ([`QUEUE_CAP`] tours) made by the caller.
-fn search(p: &Problem, s: &Size, mut heap: Vec<Tour>) -> (Tour, u64) {
+fn search(p: &Problem, s: &Size, mut heap: Vec<Tour>) -> (Tour, QueueHead) {
     let mut head = QueueHead::new();
     heap_push(&mut heap, &mut head.count, p.root());
     let mut best = no_tour();
@@ -366,10 +393,56 @@ fn search(p: &Problem, s: &Size, mut heap: Vec<Tour>) -> (Tour, u64) {
             best = better;
         }
     }
-    (best, head.pushed)
+    (best, head)
 }
 
-fn threads(p: &Problem, s: &Size, n: usize) -> (f64, Tour) {
+/// The length of a shortest tour by Held and Karp's dynamic programme, or `None` above
+/// [`HELD_KARP_MAX`] cities. `len[set][j]` is the shortest path from city 0 through exactly the
+/// cities of `set` (bit `j` for city `j + 1`), ending at city `j + 1`; sets in increasing order,
+/// each extended by one city.
+fn held_karp(p: &Problem) -> Option<u32> {
+    if p.n > HELD_KARP_MAX {
+        return None;
+    }
+    let m = p.n - 1;
+    let sets = 1usize << m;
+    let mut len = vec![u32::MAX; sets * m];
+    for j in 0..m {
+        len[(1 << j) * m + j] = p.d(0, j + 1);
+    }
+    for set in 1..sets {
+        for j in (0..m).filter(|&j| set & (1 << j) != 0) {
+            let here = len[set * m + j];
+            if here == u32::MAX {
+                continue;
+            }
+            for k in (0..m).filter(|&k| set & (1 << k) == 0) {
+                let there = &mut len[(set | 1 << k) * m + k];
+                *there = (*there).min(here + p.d(j + 1, k + 1));
+            }
+        }
+    }
+    (0..m).map(|j| len[(sets - 1) * m + j] + p.d(j + 1, 0)).min()
+}
+
+/// Checks the sequential tour `want`: a tour of all cities of the length it claims, and up to
+/// [`HELD_KARP_MAX`] cities as short as [`held_karp`]'s. Returns (passed, what was checked).
+fn check_reference(p: &Problem, want: &Tour) -> (bool, String) {
+    let valid = p.valid(want);
+    match held_karp(p) {
+        Some(optimum) => {
+            let detail = if optimum == want.len {
+                "proved optimal by Held-Karp".to_string()
+            } else {
+                format!("NOT optimal: Held-Karp finds {optimum}")
+            };
+            (valid && optimum == want.len, detail)
+        }
+        None => (valid, format!("not proved optimal (Held-Karp checks up to {HELD_KARP_MAX} cities)")),
+    }
+}
+
+fn threads(p: &Problem, s: &Size, n: usize) -> (f64, Tour, QueueHead) {
     let mut heap = vec![Tour::zeroed(); QUEUE_CAP];
     let mut head = QueueHead::new();
     heap_push(&mut heap, &mut head.count, p.root());
@@ -404,7 +477,7 @@ fn threads(p: &Problem, s: &Size, n: usize) -> (f64, Tour) {
         }
     });
     let secs = t.secs();
-    (secs, best.into_inner().unwrap())
+    (secs, best.into_inner().unwrap(), queue.into_inner().unwrap().1)
 }
 
 /// The shared data, as node 0 allocates and distributes it.
@@ -464,25 +537,27 @@ fn dsm(app: &mut App, p: &Problem, s: &Size) -> treadmarks::Result<(f64, bool, S
     tmk.barrier(0)?;
     let secs = t.stop(tmk)?;
     let found = tmk.view(&best)?[0];
-    let pushed = tmk.view(&head)?[0].pushed;
-    let mut detail = format!("node {me} solved {solved} subtrees; {pushed} partial tours pushed");
+    let queue = tmk.view(&head)?[0].describe();
+    let mut detail = format!("node {me} solved {solved} subtrees; {queue}");
     let ok = me != 0 || {
         let (want, _) = sequential(p, s);
-        detail = format!("{}; optimal length {} (sequential {})", detail, found.len, want.len);
-        found.len == want.len && p.valid(&found)
+        let (checked, checks) = check_reference(p, &want);
+        detail = format!("{}; optimal length {} (sequential {}, {checks})", detail, found.len, want.len);
+        found.len == want.len && p.valid(&found) && checked
     };
     Ok((secs, ok, detail))
 }
 
 /// The size flags and their defaults (`--help` lists them).
 const FLAGS: &[Flag] = &[
-    Flag { name: "cities", default: "18", help: "cities" },
+    Flag { name: "cities", default: "18", help: "cities", aliases: &[] },
     Flag {
         name: "solve-below",
         default: "15",
         help: "tours with this many cities left or fewer are solved by one worker",
+        aliases: &[],
     },
-    Flag { name: "seed", default: "1", help: "city generator seed" },
+    Flag { name: "seed", default: "1", help: "city generator seed", aliases: &[] },
 ];
 
 fn size(args: &Args) -> Result<Size, String> {
@@ -501,15 +576,22 @@ fn main() -> ExitCode {
             Mode::Seq => {
                 let heap = vec![Tour::zeroed(); QUEUE_CAP];
                 let t = Timer::start();
-                let (best, pushed) = search(&p, &s, heap);
+                let (best, head) = search(&p, &s, heap);
                 let secs = t.secs();
-                (secs, p.valid(&best), format!("optimal length {}; {pushed} partial tours pushed", best.len))
+                let (checked, checks) = check_reference(&p, &best);
+                (secs, checked, format!("optimal length {} ({checks}); {}", best.len, head.describe()))
             }
             Mode::Threads => {
-                let (secs, best) = threads(&p, &s, app.nprocs);
+                let (secs, best, head) = threads(&p, &s, app.nprocs);
                 let (want, _) = sequential(&p, &s);
-                let detail = format!("optimal length {} (sequential {})", best.len, want.len);
-                (secs, best.len == want.len && p.valid(&best), detail)
+                let (checked, checks) = check_reference(&p, &want);
+                let detail = format!(
+                    "optimal length {} (sequential {}, {checks}); {}",
+                    best.len,
+                    want.len,
+                    head.describe()
+                );
+                (secs, best.len == want.len && p.valid(&best) && checked, detail)
             }
             Mode::Dsm => dsm(app, &p, &s)?,
         };

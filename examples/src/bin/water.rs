@@ -14,14 +14,30 @@
 //! sequential run within a relative tolerance of 1e-9: every order of the molecules' state (each
 //! relative to its largest magnitude) and the energies.
 //!
-//! `water -n 2 [--mode dsm|seq|threads] [--molecules 512] [--steps 20]`
+//! The sequential run is itself checked, after the timer, wherever it is computed (seq mode, and
+//! as the reference of the others), and so is the DSM or threads result:
+//! - Total momentum is conserved: every pair and bond force is applied with opposite signs and the
+//!   corrector is linear in the force, so `P = sum m v` moves only by rounding (about 1e-16 of
+//!   `sum |m v|`); the check allows [`MOMENTUM_TOLERANCE`]. A force applied to one side
+//!   of a pair only, or a molecule whose force is never added, moves it by `5/12 dt^2 |df|`.
+//! - The forces a step computes (bonds, pairs, and their gathering through `touched`) are minus
+//!   the gradient of the potential energy the same functions return: central differences on a
+//!   few molecules of a jittered lattice, within [`FD_TOLERANCE`] (see [`force_check`]).
+//!
+//! Energy is not checked: molecule pairs crossing the cutoff make it jump (the Lennard-Jones term
+//! is not shifted to zero there), by more than a force error would; its drift is printed.
+//!
+//! `water -n 2 [--mode dsm|seq|threads] [--molecules 512] [--steps 20]` (`--iterations` is
+//! another name for `--steps`)
 
 use bytemuck::{Pod, Zeroable};
 use std::process::ExitCode;
 use std::sync::{Barrier, Mutex};
 use treadmarks::Shared;
 use treadmarks_examples::rng::Rng;
-use treadmarks_examples::{App, Flag, Mode, Outcome, SharedMut, Timer, block, run_app, worst};
+use treadmarks_examples::{
+    App, Args, Flag, Mode, Outcome, SharedMut, Timer, block, fits_memory, run_app, worst,
+};
 
 const DT: f64 = 0.002;
 /// Site masses (O, H, H) and charges.
@@ -39,6 +55,20 @@ const GEAR: [f64; 4] = [1.0 / 6.0, 5.0 / 6.0, 1.0, 1.0 / 3.0];
 /// Largest relative difference accepted from the sequential run: the sums of forces and
 /// energies are taken in another order (the nodes' lock order), nothing else differs.
 const TOLERANCE: f64 = 1e-9;
+/// Largest change of the total momentum accepted, relative to `sum |m v|`: rounding moves it by
+/// about 1e-16 of that (measured: 8e-17 after 20 steps at 64 and at 512 molecules, in every mode
+/// and on 1 to 4 nodes; 4e-16 after 2,000 steps), so a factor of 1e5 above; a force contribution
+/// `df` applied to one side only moves it by `5/12 dt^2 |df|`, which this catches from `|df|` of
+/// about 1e-4.
+const MOMENTUM_TOLERANCE: f64 = 1e-11;
+/// The force check's step (in position units) and largest error accepted, relative to the largest
+/// force component of the probed molecule. Central differences agree to about 1e-8 (truncation,
+/// `h^2 / 6` times the potential's third derivative, and the energy's rounding over `2h`).
+const FD_STEP: f64 = 1e-5;
+const FD_TOLERANCE: f64 = 1e-5;
+/// Molecules whose 9 coordinates the force check probes (spread over the index range), besides
+/// the last one.
+const FD_MOLECULES: usize = 4;
 /// Test hook: names a molecule whose force update node 1 leaves out in the last step of a DSM
 /// run, a lost update the check must catch.
 const TEST_DROP_ENV: &str = "WATER_TEST_DROP_FORCE";
@@ -70,10 +100,26 @@ struct Params {
 
 impl Params {
     fn new(molecules: usize, steps: usize) -> Params {
-        let per_side = (molecules as f64).cbrt().ceil() as usize;
-        let side = per_side as f64;
+        let side = lattice_side(molecules) as f64;
         Params { molecules, steps, side, cutoff: side / 2.0 }
     }
+}
+
+/// The side of the smallest cubic lattice holding `n` molecules: the least `k` with `k^3 >= n`.
+/// In integers: `(n as f64).cbrt().ceil()` gave one more for some perfect cubes (glibc's `cbrt`
+/// returns a little more than 3 for 27, and so for 216, 729, 1728, ...), a box with a slab of
+/// vacuum.
+fn lattice_side(n: usize) -> usize {
+    let cube = |k: usize| (k as u128).pow(3);
+    // The float root is within one of the integer one, for any usize.
+    let mut k = (n as f64).cbrt() as usize;
+    while k > 0 && cube(k - 1) >= n as u128 {
+        k -= 1;
+    }
+    while cube(k) < n as u128 {
+        k += 1;
+    }
+    k
 }
 
 /// Molecules on a cubic lattice of spacing 1, jittered, randomly oriented, random velocities.
@@ -408,41 +454,200 @@ fn errors(got: &Final, want: &Final) -> (f64, f64) {
     (state, energy)
 }
 
+/// The total momentum per axis (in the state's units: mass times `dt` times velocity, from the
+/// second order `x[1]`), and the sum of the magnitudes of its terms (the scale of its rounding).
+fn momentum(mols: &[Mol]) -> ([f64; 3], f64) {
+    let (mut total, mut scale) = ([0.0; 3], 0.0);
+    for m in mols {
+        for c in 0..9 {
+            let mv = MASS[c / 3] * m.x[1][c];
+            total[c % 3] += mv;
+            scale += mv.abs();
+        }
+    }
+    (total, scale)
+}
+
+/// How far the total momentum of `mols` moved from the initial state's: the largest change of a
+/// component, relative to `sum |m v|` (the larger of the two states'). NaN if `mols` holds one.
+fn momentum_drift(p: &Params, mols: &[Mol]) -> f64 {
+    let (p0, s0) = momentum(&initial(p));
+    let (p1, s1) = momentum(mols);
+    worst((0..3).map(|k| (p1[k] - p0[k]).abs())) / s0.max(s1).max(f64::MIN_POSITIVE)
+}
+
+/// What the force check found: its worst error (relative to the probed molecule's largest force
+/// component), the probes made, and those skipped near the cutoff.
+struct ForceCheck {
+    error: f64,
+    probes: usize,
+    skipped: usize,
+}
+
+/// Checks the forces of one step against the potential energy, by central differences.
+///
+/// On the initial lattice with every site jittered by up to 0.02 (so that the bonds are
+/// stretched: at rest their forces are 0), the forces are computed as a step computes them
+/// (`intraf`, then `interf` over all molecules, gathered through `touched`). For every coordinate
+/// of [`FD_MOLECULES`] molecules and the last one, `-(U(x + h) - U(x - h)) / 2h` must match the
+/// force there, where `U` is the energy of the terms that coordinate moves (its molecule's bonds
+/// and its pairs with every other molecule, as `intraf` and `pair` return it). The potential jumps
+/// where an oxygen-oxygen distance crosses the cutoff (the Lennard-Jones term is not shifted to
+/// zero), so an oxygen probe is skipped if one of its molecule's oxygen distances is within `2h`
+/// of it (a hydrogen probe moves no such distance).
+fn force_check(p: &Params) -> ForceCheck {
+    let n = p.molecules;
+    let mut rng = Rng::new(4242);
+    let mut mols = initial(p);
+    for m in &mut mols {
+        for c in &mut m.x[0] {
+            *c += rng.range(-0.02, 0.02);
+        }
+    }
+    let mut forces = vec![[0.0; 9]; n];
+    intraf(&mols, &mut forces);
+    let (acc, _) = interf(p, &mols, 0..n);
+    for m in touched(n, 0..n) {
+        add_force(&mut forces[m], &acc[m]);
+    }
+    // The energy of the terms that involve molecule `i`, its sites at `x`.
+    let local = |i: usize, x: &[f64; 9]| {
+        let alone = Mol { x: [*x, [0.0; 9], [0.0; 9], [0.0; 9]] };
+        let mut energy = intraf(std::slice::from_ref(&alone), &mut [[0.0; 9]]);
+        let (mut fa, mut fb) = ([0.0; 9], [0.0; 9]);
+        for (j, other) in mols.iter().enumerate() {
+            if j != i {
+                energy += pair(p, x, &other.x[0], &mut fa, &mut fb);
+            }
+        }
+        energy
+    };
+    let mut probed: Vec<usize> =
+        (0..FD_MOLECULES).map(|k| k * n / FD_MOLECULES).filter(|&i| i < n).chain(n.checked_sub(1)).collect();
+    probed.sort_unstable();
+    probed.dedup();
+    let mut check = ForceCheck { error: 0.0, probes: 0, skipped: 0 };
+    for i in probed {
+        let near_cutoff = mols.iter().enumerate().any(|(j, other)| {
+            let r2: f64 = (0..3)
+                .map(|k| {
+                    let d = mols[i].x[0][k] - other.x[0][k];
+                    let d = d - p.side * (d / p.side).round();
+                    d * d
+                })
+                .sum();
+            j != i && (r2.sqrt() - p.cutoff).abs() <= 2.0 * FD_STEP
+        });
+        let scale = worst(forces[i].iter().map(|f| f.abs())).max(f64::MIN_POSITIVE);
+        for c in 0..9 {
+            if c < 3 && near_cutoff {
+                check.skipped += 1;
+                continue;
+            }
+            let (mut plus, mut minus) = (mols[i].x[0], mols[i].x[0]);
+            plus[c] += FD_STEP;
+            minus[c] -= FD_STEP;
+            let numeric = -(local(i, &plus) - local(i, &minus)) / (2.0 * FD_STEP);
+            check.error = worst([check.error, (numeric - forces[i][c]).abs() / scale]);
+            check.probes += 1;
+        }
+    }
+    check
+}
+
+/// The largest change of the total energy (potential plus kinetic) from the first step's, relative
+/// to that step's kinetic energy plus the magnitude of its potential. Printed, not checked.
+fn energy_drift(energies: &[f64]) -> f64 {
+    let total: Vec<f64> = energies.chunks(2).map(|e| e[0] + e[1]).collect();
+    let Some(&first) = total.first() else { return 0.0 };
+    let scale = (energies[0].abs() + energies[1].abs()).max(f64::MIN_POSITIVE);
+    worst(total.iter().map(|e| (e - first).abs())) / scale
+}
+
+/// The checks of the sequential run (`reference`) that do not compare it with another run: its
+/// momentum, and the forces against the potential. Returns (passed, what they found).
+fn check_reference(p: &Params, reference: &Final) -> (bool, String) {
+    let momentum = momentum_drift(p, &reference.0);
+    let forces = force_check(p);
+    let ok = momentum <= MOMENTUM_TOLERANCE && forces.error <= FD_TOLERANCE;
+    let detail = format!(
+        "sequential momentum drift {momentum:.1e} (tolerance {MOMENTUM_TOLERANCE:.0e}); forces against \
+         the potential: error {:.1e} over {} probes, {} skipped near the cutoff (tolerance \
+         {FD_TOLERANCE:.0e}); energy drift {:.1e} (not checked)",
+        forces.error,
+        forces.probes,
+        forces.skipped,
+        energy_drift(&reference.1)
+    );
+    (ok, detail)
+}
+
+/// The size the flags ask for, if its arrays fit in memory.
+fn size(args: &Args) -> Result<Params, String> {
+    let (molecules, steps): (usize, usize) = (args.get("molecules"), args.get("steps"));
+    // Per molecule: the run's state and force, every worker's private forces of all molecules;
+    // the reference's state, force and private forces; the force check's; the initial state the
+    // checks build. Two copies of the energies (the run's and the reference's).
+    let (mol, force) = (size_of::<Mol>() as u128, size_of::<Force>() as u128);
+    let per_molecule = 4 * mol + (5 + args.nprocs() as u128) * force;
+    let bytes = molecules as u128 * per_molecule + 2 * 16 * steps as u128;
+    fits_memory(&format!("--molecules {molecules} --steps {steps}"), bytes)?;
+    Ok(Params::new(molecules, steps))
+}
+
 /// The size flags and their defaults (`--help` lists them).
 const FLAGS: &[Flag] = &[
-    Flag { name: "molecules", default: "512", help: "molecules" },
-    Flag { name: "steps", default: "20", help: "time steps" },
+    Flag { name: "molecules", default: "512", help: "molecules", aliases: &[] },
+    Flag { name: "steps", default: "20", help: "time steps", aliases: &["iterations"] },
 ];
 
 fn main() -> ExitCode {
-    run_app(
-        "water",
-        FLAGS,
-        |args| Ok(Params::new(args.get("molecules"), args.get("steps"))),
-        |app, p| {
-            let size = format!("{} molecules, {} steps", p.molecules, p.steps);
-            let (secs, got) = match app.mode {
-                Mode::Seq => {
-                    let (secs, r) = sequential(&p);
-                    let detail = format!("{size}; energies (potential, kinetic) {:?}", r.1);
-                    let ok = r.1.iter().all(|e| e.is_finite());
-                    return Ok(Outcome { secs, ok, detail });
-                }
-                Mode::Threads => {
-                    let (secs, r) = threads(&p, app.nprocs);
-                    (secs, Some(r))
-                }
-                Mode::Dsm => dsm(app, &p)?,
-            };
-            let Some(got) = got else {
-                return Ok(Outcome { secs, ok: true, detail: size });
-            };
-            let (state, energy) = errors(&got, &sequential(&p).1);
-            let ok = state <= TOLERANCE && energy <= TOLERANCE;
-            let detail = format!(
-                "{size}; max relative error: molecules {state:.2e}, energies {energy:.2e} (tolerance {TOLERANCE:.0e})"
-            );
-            Ok(Outcome { secs, ok, detail })
-        },
-    )
+    run_app("water", FLAGS, size, |app, p| {
+        let size = format!("{} molecules, {} steps", p.molecules, p.steps);
+        let (secs, got) = match app.mode {
+            Mode::Seq => {
+                let (secs, r) = sequential(&p);
+                let (checked, checks) = check_reference(&p, &r);
+                let detail = format!("{size}; {checks}; energies (potential, kinetic) {:?}", r.1);
+                let ok = checked && r.1.iter().all(|e| e.is_finite());
+                return Ok(Outcome { secs, ok, detail });
+            }
+            Mode::Threads => {
+                let (secs, r) = threads(&p, app.nprocs);
+                (secs, Some(r))
+            }
+            Mode::Dsm => dsm(app, &p)?,
+        };
+        let Some(got) = got else {
+            return Ok(Outcome { secs, ok: true, detail: size });
+        };
+        let want = sequential(&p).1;
+        let (state, energy) = errors(&got, &want);
+        let momentum = momentum_drift(&p, &got.0);
+        let (checked, checks) = check_reference(&p, &want);
+        let ok = state <= TOLERANCE && energy <= TOLERANCE && momentum <= MOMENTUM_TOLERANCE && checked;
+        let detail = format!(
+            "{size}; max relative error: molecules {state:.2e}, energies {energy:.2e} (tolerance \
+                 {TOLERANCE:.0e}); momentum drift {momentum:.1e} (tolerance {MOMENTUM_TOLERANCE:.0e}); {checks}"
+        );
+        Ok(Outcome { secs, ok, detail })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lattice_side_is_the_integer_cube_root_rounded_up() {
+        for n in 0..2000usize {
+            let k = lattice_side(n);
+            assert!(k.pow(3) >= n && (k == 0 || (k - 1).pow(3) < n), "{n}: {k}");
+        }
+        for k in [3usize, 6, 9, 12, 17, 1000, 2_000_000] {
+            assert_eq!(lattice_side(k.pow(3)), k);
+            assert_eq!(lattice_side(k.pow(3) + 1), k + 1);
+        }
+        assert_eq!(lattice_side(usize::MAX), 2_642_246);
+    }
 }
