@@ -190,12 +190,13 @@ fn run_one(plan: &Plan, app: &AppSpec, size: &Size, mode: &str, n: usize) -> Res
     Ok(One { secs, stats, job_stats, detail })
 }
 
-/// Makes the app `cmd` starts die (SIGKILL) when the runner does, however it ends: a runner
-/// killed outright (SIGKILL, an out-of-memory kill) runs no handler to kill its run in progress,
-/// whose process group of its own no signal to the runner's group reaches. A DSM app's nodes
-/// follow their launcher, the app. Runs start on the runner's main thread, which lives as long as
-/// the runner (`PR_SET_PDEATHSIG` fires when the thread that forked the child ends). If the runner
-/// died between the fork and the hook, the child is already an orphan and exits at once.
+/// Makes the app `cmd` starts die (SIGKILL) when the runner does, however it ends: a runner killed
+/// outright (SIGKILL, an out-of-memory kill) runs no handler to kill its run in progress, whose
+/// process group of its own no signal to the runner's group reaches. A DSM app's nodes follow their
+/// launcher, the app; radix's message-passing ranks exit at their next read from its rank 0
+/// (`examples/src/mesh.rs`). Runs start on the runner's main thread, which lives as long as the
+/// runner (`PR_SET_PDEATHSIG` fires when the thread that forked the child ends). If the runner died
+/// between the fork and the hook, the child is already an orphan and exits at once.
 #[allow(unsafe_code)]
 fn die_with_the_runner(cmd: &mut Command) {
     let runner = std::process::id() as i32;

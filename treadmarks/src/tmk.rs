@@ -176,11 +176,12 @@ impl Tmk {
             consistency_limit,
             limits: Limits {
                 // The tests cut interval records into parts of a few bytes, to run that path
-                // (`protocol/ahead.rs`) in real jobs.
+                // (`protocol/ahead.rs`) in real jobs. Only lower: a peer's decoder refuses a
+                // list longer than the default cuts (`protocol/cautious.rs`).
                 record_bytes: std::env::var("TMK_TEST_RECORD_BYTES")
                     .ok()
                     .and_then(|v| v.parse().ok())
-                    .unwrap_or(Limits::default().record_bytes),
+                    .map_or(Limits::default().record_bytes, |b: usize| b.min(Limits::default().record_bytes)),
                 ..Limits::default()
             },
         };

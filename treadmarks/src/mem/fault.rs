@@ -90,6 +90,8 @@ impl Drop for FaultHandler {
         while IN_FLIGHT.load(Ordering::SeqCst) != 0 {
             std::thread::yield_now();
         }
+        ctx.prev_segv.settle(libc::SIGSEGV);
+        ctx.prev_bus.settle(libc::SIGBUS);
         // SAFETY: unpublished and no handler is using it any more (IN_FLIGHT is 0 after the
         // null store, so later handlers see null); `install` created it with `Box::into_raw`.
         drop(unsafe { Box::from_raw(self.ctx) });

@@ -143,6 +143,8 @@ pub fn bare_fault(pages: usize) -> Result<BareFault, MemError> {
         while PROBE_IN_FLIGHT.load(Ordering::SeqCst) != 0 {
             std::thread::yield_now();
         }
+        // SAFETY: as above; still not freed.
+        unsafe { &(*ctx).prev }.settle(libc::SIGSEGV);
         // SAFETY: unpublished, no handler uses it any more, created by `Box::into_raw` above.
         drop(unsafe { Box::from_raw(ctx) });
         installed?;

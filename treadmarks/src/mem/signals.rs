@@ -130,10 +130,24 @@ impl Previous {
     /// The action a signal that is not ours goes to now, as a copy (the caller may pass it on
     /// after the context holding `self` is gone). Async-signal-safe.
     pub(super) fn take(&self) -> libc::sigaction {
-        if self.action.sa_flags & libc::SA_RESETHAND != 0 && self.spent.swap(true, Ordering::AcqRel) {
+        // The kernel resets a one-shot action when it runs its handler; an ignored or default
+        // one stays as it is.
+        let handler = self.action.sa_sigaction;
+        let runs = handler != libc::SIG_DFL && handler != libc::SIG_IGN;
+        if runs && self.action.sa_flags & libc::SA_RESETHAND != 0 && self.spent.swap(true, Ordering::AcqRel) {
             return default_action();
         }
         self.action
+    }
+
+    /// After [`restore`](Previous::restore) and once no handler of ours runs any more: if a
+    /// handler that was already delivered to ours when the action was put back passed the
+    /// signal on to a one-shot action, that action has had its delivery, so `SIG_DFL` goes in
+    /// its place (otherwise the kernel would run it once more).
+    pub(super) fn settle(&self, sig: libc::c_int) {
+        if self.spent.load(Ordering::Acquire) {
+            self.restore(sig);
+        }
     }
 
     /// Puts the action back for `sig` (`SIG_DFL` if it was a one-shot action that was

@@ -100,7 +100,7 @@ where
             if claimed > self.most {
                 return Err(S::Error::invalid_length(claimed, &self));
             }
-            let mut out = Vec::with_capacity(claimed);
+            let mut out = Vec::with_capacity(claimed.min(PREALLOC_BYTES / size_of::<T>().max(1)));
             while let Some(entry) = seq.next_element()? {
                 if out.len() == self.most {
                     return Err(S::Error::invalid_length(self.most + 1, &self));

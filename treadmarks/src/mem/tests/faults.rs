@@ -473,6 +473,29 @@ fn a_sent_signal_the_program_ignored_stays_ignored(backend: FaultBackend, test: 
     .assert_success();
 }
 
+/// A one-shot action that ignores a signal (`SA_RESETHAND` with `SIG_IGN`, as `sysv_signal`
+/// installs) stays ignored: the kernel resets a one-shot action only when it runs a handler. It
+/// is passed on each time, and put back as it was when the handler goes.
+fn an_ignored_one_shot_signal_stays_ignored(backend: FaultBackend, test: &str) {
+    run_in_child(test, || {
+        // SAFETY: plain old data; all-zero is a valid action, filled in below.
+        let mut ignore: libc::sigaction = unsafe { std::mem::zeroed() };
+        ignore.sa_sigaction = libc::SIG_IGN;
+        ignore.sa_flags = libc::SA_RESETHAND;
+        // SAFETY: ignoring a signal installs no code.
+        assert_eq!(unsafe { libc::sigaction(libc::SIGSEGV, &ignore, std::ptr::null_mut()) }, 0);
+        let heap = map(layout(28, 4), backend).unwrap();
+        let handler = FaultHandler::install(heap, Doorbell::new().unwrap()).unwrap();
+        for _ in 0..3 {
+            // SAFETY: sends SIGSEGV to this thread, which the installed handler passes on.
+            assert_eq!(unsafe { libc::raise(libc::SIGSEGV) }, 0);
+        }
+        drop(handler);
+        assert_eq!(current_handler(libc::SIGSEGV), libc::SIG_IGN, "the ignored action was not put back");
+    })
+    .assert_success();
+}
+
 /// A hardware memory error on a heap page (`SIGBUS` with `BUS_MCEERR_AR`) is not taken for a
 /// userfaultfd fault, which would retry the access forever: it goes to the action installed
 /// before (here the default, which a real memory error would meet at once on its retry).
@@ -649,6 +672,7 @@ on_both_backends!(
     a_one_shot_previous_handler_runs_once,
     a_previous_handler_runs_with_its_own_mask,
     a_sent_signal_the_program_ignored_stays_ignored,
+    an_ignored_one_shot_signal_stays_ignored,
     a_memory_error_on_the_heap_goes_to_the_previous_action,
     revoke_while_the_application_writes_loses_nothing,
     only_one_handler_and_no_probe_while_installed,
