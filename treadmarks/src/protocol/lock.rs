@@ -183,8 +183,10 @@ impl<M: PageMemory> Node<M> {
     }
 
     /// The application releases `lock`: ends the interval, and passes the lock on if somebody
-    /// asked for it. Handed to another thread (the service thread, once the job failed), so the
-    /// application may be writing already.
+    /// asked for it. Handed to another thread, so the application may be writing already (the
+    /// runtime releases on the application thread, [`Node::release_here`], and posts a release
+    /// only once the job failed, when nothing runs it; the simulation runs this one with the
+    /// application going on, a store maybe in the middle of it).
     pub fn request_release(&mut self, lock: LockId) -> Result<(), ProtocolError> {
         self.release(lock, false)
     }

@@ -731,12 +731,14 @@ impl Sim {
             Op::Release(l) => {
                 sn.pc += 1;
                 self.hb.released(i, l.idx());
-                // The runtime runs releases on the application thread (`release_here`), and on
-                // the service thread once the job failed.
+                // The runtime runs releases on the application thread (`release_here`). A
+                // release handed to the service thread (`request_release`) runs with the
+                // application going on meanwhile, its next store maybe in the middle of it: the
+                // case its freezing of the renewed twins is for.
                 if self.rng.chance(50) {
                     self.core(i, |n| n.release_here(l));
                 } else {
-                    self.core(i, |n| n.request_release(l));
+                    self.service(i, |n| n.request_release(l));
                 }
             }
             Op::Barrier(b) => {
