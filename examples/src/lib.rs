@@ -255,7 +255,7 @@ pub const MODES: &[&str] = &["dsm", "seq", "threads"];
 /// flags, checked. Exits 2 with a message naming a bad one, and 0 after printing the usage on
 /// `--help`.
 pub fn command_line(name: &str, flags: &'static [Flag], modes: &[&str]) -> (treadmarks::Config, Args) {
-    let raw: Vec<String> = std::env::args().skip(1).collect();
+    let raw = treadmarks::Config::command_line().unwrap_or_else(|e| fail_usage(&format!("{name}: {e}")));
     if raw.iter().any(|a| a == "--help" || a == "-h") {
         print!("{}", usage(name, flags, modes));
         std::process::exit(0);

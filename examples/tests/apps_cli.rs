@@ -149,6 +149,19 @@ fn bad_command_lines_are_refused_by_name() {
     assert!(out.stderr.contains("bad value \"soon\" for TMK_SPIN_US"), "{out:#?}");
 }
 
+/// An argument that is not UTF-8 is refused by name, not a panic (`std::env::args` panics on
+/// it).
+#[test]
+fn an_argument_that_is_not_utf8_is_refused() {
+    use std::os::unix::ffi::OsStrExt;
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sor"));
+    cmd.args(["--mode", "seq"]).arg(std::ffi::OsStr::from_bytes(b"--rows=\xff"));
+    let out = Job::spawn(cmd).wait(Duration::from_secs(60));
+    assert_eq!(out.code, Some(2), "{out:#?}");
+    assert!(out.stderr.contains("bad value \"--rows=\u{FFFD}\" for the command line"), "{out:#?}");
+    assert!(!out.stderr.contains("panicked"), "{out:#?}");
+}
+
 /// water and barnes iterate over time steps: `--iterations` is another name for `--steps`, and
 /// the last value given under either name wins.
 #[test]

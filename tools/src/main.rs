@@ -76,7 +76,11 @@ fn parse() -> Plan {
         out: PathBuf::from("target/tmk-bench"),
         timeout: std::time::Duration::from_secs(600),
     };
-    let mut args = std::env::args().skip(1);
+    let args: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|a| a.into_string().unwrap_or_else(|bad| usage(&format!("argument {bad:?} is not UTF-8"))))
+        .collect();
+    let mut args = args.into_iter();
     while let Some(a) = args.next() {
         let mut value = || args.next().unwrap_or_else(|| usage(&format!("{a} needs a value")));
         match a.as_str() {

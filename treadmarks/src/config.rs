@@ -371,6 +371,21 @@ impl Config {
         ]
     }
 
+    /// This process's arguments, without the program name, for [`Config::from_env_and_args`]:
+    /// one that is not UTF-8 is an error naming it (`std::env::args` panics on it).
+    pub fn command_line() -> Result<Vec<String>, ConfigError> {
+        std::env::args_os()
+            .skip(1)
+            .map(|arg| {
+                arg.into_string().map_err(|bad| ConfigError::Invalid {
+                    name: "the command line",
+                    value: bad.to_string_lossy().into_owned(),
+                    why: "an argument that is not UTF-8".into(),
+                })
+            })
+            .collect()
+    }
+
     /// Reads the `TMK_*` variables, then the flags in `args` (without the program name).
     /// Returns the configuration and the arguments it did not consume.
     pub fn from_env_and_args(args: Vec<String>) -> Result<(Config, Vec<String>), ConfigError> {

@@ -289,7 +289,9 @@ impl fmt::Display for Stats {
         )?;
         writeln!(f, "  {:<16} {:>10} {:>12} {:>10} {:>12}", "message", "sent", "bytes", "received", "bytes")?;
         for (i, k) in MsgKind::ALL.iter().enumerate() {
-            let (s, r) = (self.sent_by_kind[i], self.received_by_kind[i]);
+            // A `Stats::default()` (a sum's start, say) has no rows yet: zeros.
+            let row = |v: &[Traffic]| v.get(i).copied().unwrap_or_default();
+            let (s, r) = (row(&self.sent_by_kind), row(&self.received_by_kind));
             if s.msgs + r.msgs > 0 {
                 writeln!(
                     f,
@@ -321,4 +323,17 @@ impl fmt::Display for Stats {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `Stats::default()`, the start of a sum of nodes' statistics, prints (it indexed rows it
+    /// does not have, and panicked).
+    #[test]
+    fn default_statistics_print() {
+        let text = Stats::default().to_string();
+        assert!(text.contains("message"), "{text}");
+    }
 }

@@ -51,7 +51,6 @@ const _: () = assert!(TWIN_AHEAD_MIN_PAGES > 1);
 ///   into a protected page (`read(2)` into a shared buffer, say) on either fault backend, and
 ///   on the userfaultfd backend also reading from a page not mapped in the application view
 ///   (`write(2)` from a shared buffer). Go through private memory and copy.
-#[derive(Debug)]
 pub struct Tmk {
     me: NodeId,
     nprocs: u16,
@@ -85,6 +84,20 @@ pub struct Tmk {
     heap: Arc<Heap>,
 }
 
+/// Who this node is, not its runtime's state: a derived `Debug` printed every page's metadata
+/// (tens of MB for the default heap) with the node's lock held, stalling its peers.
+impl std::fmt::Debug for Tmk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tmk")
+            .field("me", &self.me)
+            .field("nprocs", &self.nprocs)
+            .field("held", &self.held)
+            .field("pinned", &self.pinned)
+            .field("exited", &self.exited)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Tmk {
     /// How long node 0 of a local job waits, after the job's exit, for the processes it
     /// started to end before it kills them ([`Tmk::exit`]).
@@ -94,7 +107,7 @@ impl Tmk {
     /// `--root` flags (see [`crate::config`]), spawns the other nodes if this process starts the
     /// job, maps the heap and meets the other nodes. Other arguments are in [`Tmk::args`].
     pub fn startup() -> Result<Tmk> {
-        let (config, rest) = Config::from_env_and_args(std::env::args().skip(1).collect())?;
+        let (config, rest) = Config::from_env_and_args(Config::command_line()?)?;
         Tmk::startup_with(config, rest)
     }
 
@@ -832,6 +845,7 @@ impl From<crate::mem::ViewError> for Error {
 
 /// A held lock; dropping it releases the lock. Derefs to the [`Tmk`].
 #[derive(Debug)]
+#[must_use = "dropping the guard releases the lock at once: bind it (`let guard = tmk.lock(l)?`)"]
 pub struct LockGuard<'a> {
     tmk: &'a mut Tmk,
     lock: u32,

@@ -819,7 +819,7 @@ fn start() -> treadmarks::Result<Tmk> {
     if std::env::args().nth(1).is_none_or(|s| s != "explicit-config") {
         return Tmk::startup();
     }
-    let (config, rest) = treadmarks::Config::from_env_and_args(std::env::args().skip(1).collect())?;
+    let (config, rest) = treadmarks::Config::from_env_and_args(treadmarks::Config::command_line()?)?;
     let role = treadmarks::config::Role::Launcher;
     Tmk::startup_with(treadmarks::Config { nlocks: 16, role, ..config }, rest)
 }
