@@ -488,8 +488,19 @@ impl Config {
         let mut rest = Vec::new();
         let mut it = args.into_iter();
         while let Some(a) = it.next() {
+            // Everything after `--` is the application's, `--` included (its own parser may
+            // want it): `prog -n 2 -- -n 1024` leaves it `-- -n 1024`.
+            if a == "--" {
+                rest.push(a);
+                rest.extend(it);
+                break;
+            }
             let (flag, inline) = match a.split_once('=') {
-                Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
+                Some((f, v)) if f.starts_with("--") || f == "-n" => (f.to_string(), Some(v.to_string())),
+                // `-n4`, as a short option may be written.
+                _ if a.len() > 2 && a.starts_with("-n") && a[2..].bytes().all(|b| b.is_ascii_digit()) => {
+                    ("-n".to_string(), Some(a[2..].to_string()))
+                }
                 _ => (a.clone(), None),
             };
             if !matches!(flag.as_str(), "-n" | "--nprocs" | "--rank" | "--root") {
@@ -507,7 +518,8 @@ impl Config {
                 continue;
             }
             match flag.as_str() {
-                "-n" | "--nprocs" => c.nprocs = num("--nprocs", &value)?,
+                "-n" => c.nprocs = num("-n", &value)?,
+                "--nprocs" => c.nprocs = num("--nprocs", &value)?,
                 "--rank" => c.role = Role::Member { rank: num("--rank", &value)? },
                 _ => c.root = Some(address("--root", &value)?),
             }
@@ -821,7 +833,20 @@ mod tests {
         assert_eq!(c.root, Some("127.0.0.1:9".parse().unwrap()));
         assert_eq!(rest, ["--size", "100", "x"]);
         let e = Config::from_env_and_args(vec!["-n".into(), "zero".into()]).unwrap_err();
-        assert!(e.to_string().contains("zero"));
+        assert_eq!(e.to_string(), "bad value \"zero\" for -n: invalid digit found in string");
+        for spelled in [&["-n=3"][..], &["-n3"], &["--nprocs=3"], &["--nprocs", "3"]] {
+            let (c, rest) =
+                Config::from_env_and_args(spelled.iter().map(|s| s.to_string()).collect()).unwrap();
+            assert_eq!((c.nprocs, rest.len()), (3, 0), "{spelled:?}");
+        }
+        // After `--`, nothing is the runtime's.
+        let args = ["-n", "2", "--", "-n", "1024", "--root", "x"].map(String::from).to_vec();
+        let (c, rest) = Config::from_env_and_args(args).unwrap();
+        assert_eq!(c.nprocs, 2);
+        assert_eq!(rest, ["--", "-n", "1024", "--root", "x"]);
+        // `-name` is no node count.
+        let (c, rest) = Config::from_env_and_args(vec!["-name".into()]).unwrap();
+        assert_eq!((c.nprocs, rest), (1, vec!["-name".to_string()]));
     }
 
     /// A node a launcher spawned takes its rank, node count and node 0's address from the
