@@ -7,6 +7,21 @@ use std::time::Duration;
 use support::{Job, heap_base, run, run_on, run_with, testnode};
 use treadmarks_tests::{Proc, proc_stat};
 
+/// A process runs one node of one job, once: a second start, while the node runs or after its
+/// job's exit, is `Error::AlreadyStarted`, at once (a spawned node had tried to meet its ended
+/// job again for 30 s, and a launcher's new nodes had run `main` from its start).
+#[test]
+fn a_process_starts_its_node_once() {
+    for (backend, out) in run("start-twice", 2, 39).iter() {
+        out.assert_pass("start-twice");
+        for node in 0..2 {
+            let line = format!("NODE {node} STARTED ONCE");
+            assert!(out.stdout.lines().any(|l| l == line), "{backend}: {out:#?}");
+        }
+        assert!(out.elapsed < Duration::from_secs(20), "{backend}: took {:?}", out.elapsed);
+    }
+}
+
 #[test]
 fn four_nodes_count_to_4000_under_one_lock() {
     run("counter", 4, 1).assert_pass("counter");
@@ -245,8 +260,8 @@ fn a_job_pins_to_cpus_no_other_job_holds_and_runs_unpinned_where_they_are_held()
     for (backend, out) in run_with("affinity", 2, 27, &env).iter() {
         out.assert_pass("affinity");
         assert!(pinned(out, 0, true) && pinned(out, 1, true), "{backend}: nobody holds them: {out:#?}");
-        // Unpinned at exit: the launcher's thread (a bench starting a second job from it, say)
-        // had stayed on one CPU, and so had every node it spawned next.
+        // Unpinned at exit: the launcher's thread (a program going on with work of its own after
+        // its job, say) had stayed on one CPU, and so had every process it started next.
         for node in 0..2 {
             let after = format!("NODE {node} AFTER EXIT CPUS {cpus}");
             assert!(out.stdout.lines().any(|l| l == after), "{backend}: {after:?}: {out:#?}");

@@ -48,6 +48,12 @@ pub enum Error {
     /// is the base plus its offset).
     #[error("allocation aligned to {align} bytes: the heap's base {heap_base:#x} is not (TMK_HEAP_BASE)")]
     Misaligned { align: usize, heap_base: usize },
+    /// This process started its node before ([`crate::Tmk::startup_with`]).
+    #[error(
+        "this process has started a treadmarks node already: a process runs one node of one job, \
+         once (start another job in another process)"
+    )]
+    AlreadyStarted,
 }
 
 impl std::fmt::Debug for Error {
@@ -81,6 +87,7 @@ impl std::fmt::Debug for Error {
             Error::Misaligned { align, heap_base } => {
                 f.debug_struct("Misaligned").field("align", align).field("heap_base", heap_base).finish()
             }
+            Error::AlreadyStarted => f.write_str("AlreadyStarted"),
         }
     }
 }

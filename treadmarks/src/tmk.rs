@@ -18,7 +18,7 @@ use crate::transport::{MeshConfig, connect_mesh};
 use bytemuck::Pod;
 use std::net::{SocketAddr, TcpListener};
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -117,7 +117,25 @@ impl Tmk {
     /// gives here: the same `main` runs in every node, so code that builds a launcher's
     /// configuration (`Config { nprocs: 4, ..Config::default() }`) would otherwise make every
     /// spawned node a launcher too, each spawning nodes of its own.
+    ///
+    /// A process runs one node of one job, once: a second start, while the first node runs or
+    /// after its job ended, is [`Error::AlreadyStarted`] (a node a launcher spawned would try
+    /// to meet its ended job again, and a launcher's new nodes would run `main` from its start).
+    /// A start that failed may be tried again.
     pub fn startup_with(config: Config, args: Vec<String>) -> Result<Tmk> {
+        static STARTED: AtomicBool = AtomicBool::new(false);
+        if STARTED.swap(true, Ordering::AcqRel) {
+            return Err(Error::AlreadyStarted);
+        }
+        let started = Tmk::start(config, args);
+        if started.is_err() {
+            STARTED.store(false, Ordering::Release);
+        }
+        started
+    }
+
+    /// [`Tmk::startup_with`], once this process may start its node.
+    fn start(config: Config, args: Vec<String>) -> Result<Tmk> {
         let config =
             if launch::spawned_by_launcher() { Config::from_env_and_args(Vec::new())?.0 } else { config };
         config.validate()?;

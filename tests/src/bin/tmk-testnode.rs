@@ -802,6 +802,14 @@ fn explicit_config(tmk: &mut Tmk) -> R {
     counter_under(tmk, 15)
 }
 
+/// Scenario `start-twice`: a second start while the node runs is refused (and again after its
+/// exit, in `main`): a process runs one node of one job, once.
+fn start_twice(tmk: &mut Tmk) -> R {
+    let again = Tmk::startup().map(|_| ()).unwrap_err();
+    check(matches!(again, Error::AlreadyStarted), || format!("node {}: {again}", tmk.proc_id()))?;
+    tmk.barrier(0)
+}
+
 /// Scenario `hang`: a job stuck after its nodes met, as a deadlocked one is: each node waits
 /// at a barrier, then sleeps 120 s and fails. For the test that kills the test process running
 /// it: the job must die with it, long before.
@@ -863,11 +871,17 @@ fn main() -> ExitCode {
             "launcher-dies" => launcher_dies(&mut tmk),
             "explicit-config" => explicit_config(&mut tmk),
             "hang" => hang(&mut tmk),
+            "start-twice" => start_twice(&mut tmk),
             other => Err(Error::Failed(format!("unknown scenario {other:?}"))),
         };
         r?;
         let me = tmk.proc_id();
         tmk.exit()?;
+        if scenario == "start-twice" {
+            let again = Tmk::startup().map(|_| ()).unwrap_err();
+            check(matches!(again, Error::AlreadyStarted), || format!("node {me} after exit: {again}"))?;
+            println!("NODE {me} STARTED ONCE");
+        }
         if scenario == "affinity" {
             // Unpinned again: a program that goes on after its job keeps its CPUs.
             println!("NODE {me} AFTER EXIT CPUS {}", treadmarks::mem::sched::allowed_cpus());
