@@ -324,6 +324,24 @@ fn own_loopback() -> std::net::Ipv4Addr {
     std::net::Ipv4Addr::new(127, 64 + ((pid >> 16) & 63) as u8, (pid >> 8) as u8, pid as u8)
 }
 
+/// A node started by hand to join a job (`TMK_RANK`) whose code gives `Tmk::startup_with` a
+/// launcher's configuration is refused at once, naming `TMK_RANK`: it had started a whole job of
+/// its own on its host, and every host's "succeeded".
+#[test]
+fn a_node_joining_by_hand_with_a_launchers_configuration_is_refused() {
+    let mut cmd = testnode();
+    cmd.args(["explicit-config"])
+        .env("TMK_NPROCS", "2")
+        .env("TMK_RANK", "1")
+        .env("TMK_ROOT", "127.0.0.1:9")
+        .env("TMK_HEAP_SIZE", "64MiB")
+        .env("TMK_HEAP_BASE", heap_base(22));
+    let out = Job::spawn(cmd).wait(Duration::from_secs(30));
+    assert_ne!(out.code, Some(0), "{out:#?}");
+    assert!(out.stderr.contains("bad value \"1\" for TMK_RANK: set, but Tmk::startup_with"), "{out:#?}");
+    assert!(out.elapsed < Duration::from_secs(10), "took {:?}", out.elapsed);
+}
+
 #[test]
 fn nodes_with_different_configurations_refuse_to_meet() {
     let ip = own_loopback();

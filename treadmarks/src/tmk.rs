@@ -138,6 +138,20 @@ impl Tmk {
     fn start(config: Config, args: Vec<String>) -> Result<Tmk> {
         let config =
             if launch::spawned_by_launcher() { Config::from_env_and_args(Vec::new())?.0 } else { config };
+        // A node started by hand to join a job (`TMK_RANK`, "Running across hosts") whose code
+        // builds a launcher's configuration would start a whole job of its own, on this host.
+        if config.role == Role::Launcher
+            && let Some(rank) = std::env::var_os("TMK_RANK").filter(|r| !r.is_empty())
+        {
+            return Err(crate::config::ConfigError::Invalid {
+                name: "TMK_RANK",
+                value: rank.to_string_lossy().into_owned(),
+                why: "set, but Tmk::startup_with was given a launcher's configuration, which would start \
+                      a job of its own here: build it with Config::from_env_and_args to join a job"
+                    .into(),
+            }
+            .into());
+        }
         config.validate()?;
         let n = config.nprocs;
         let allowed_cpus = crate::mem::sched::allowed_cpus();
