@@ -550,8 +550,16 @@ impl Config {
                 "must be a non-zero multiple of 4 KiB",
             ));
         }
+        let base = format!("{:#x}", self.heap_base);
+        if self.heap_base == 0 {
+            return Err(invalid("TMK_HEAP_BASE", &base, "must not be 0"));
+        }
+        if self.heap_base.checked_add(self.heap_size).is_none() {
+            let why = format!("a heap of {} bytes there would end past the address space", self.heap_size);
+            return Err(invalid("TMK_HEAP_BASE", &base, why));
+        }
         if !self.heap_base.is_multiple_of(4096) {
-            return Err(invalid("TMK_HEAP_BASE", &format!("{:#x}", self.heap_base), "must be page aligned"));
+            return Err(invalid("TMK_HEAP_BASE", &base, "must be page aligned"));
         }
         if self.nlocks == 0 {
             return Err(invalid("TMK_LOCKS", "0", "a job needs at least one lock"));
@@ -782,6 +790,8 @@ mod tests {
             (Config { nbarriers: 0, ..d() }, "TMK_BARRIERS"),
             (Config { app_spin: Duration::MAX, ..d() }, "TMK_SPIN_US"),
             (Config { service_spin: Some(Duration::from_secs(2)), ..d() }, "TMK_SERVICE_SPIN_US"),
+            (Config { heap_base: 0, ..d() }, "TMK_HEAP_BASE"),
+            (Config { heap_base: usize::MAX & !4095, ..d() }, "TMK_HEAP_BASE"),
         ];
         for (c, name) in cases {
             let e = c.validate().unwrap_err().to_string();

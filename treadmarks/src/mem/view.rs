@@ -76,6 +76,11 @@ impl<T> Shared<[T]> {
     /// The sub-array `start..end`. A handle too large for the address space (one made up, or
     /// garbled on its way) gives one that no heap holds, which views refuse
     /// ([`ViewError::OutOfBounds`]), rather than one wrapped around to other bytes.
+    ///
+    /// # Panics
+    /// If `start > end` or `end > self.len()`, as slicing `[start..end]` does, naming the
+    /// bounds. Parts of a view given as ranges ([`crate::Tmk::view_parts`]) are checked instead,
+    /// a typed error ([`ViewError::PartOutOfBounds`]).
     pub fn slice(&self, start: usize, end: usize) -> Shared<[T]> {
         assert!(start <= end && end <= self.len(), "slice {start}..{end} of a {}-element array", self.len);
         let offset =
