@@ -295,11 +295,7 @@ fn fault_from_another_thread_aborts_with_a_message(backend: FaultBackend, test: 
 fn fault_outside_the_heap_chains_to_the_default_action(backend: FaultBackend, test: &str) {
     let out = run_in_child(test, || {
         no_core_dumps();
-        let heap = map(layout(13, 4), backend).unwrap();
-        let _handler = FaultHandler::install(heap, Doorbell::new().unwrap()).unwrap();
-        let p = guard_page();
-        // SAFETY: deliberately faults; the handler chains and the process dies by SIGSEGV.
-        let b = unsafe { std::ptr::read_volatile(p.cast::<u8>()) };
+        let b = read_a_guard_page_under_the_handler(13, backend);
         eprintln!("unreachable: read {b}");
     });
     out.assert_killed_by(libc::SIGSEGV);
@@ -348,6 +344,17 @@ fn guard_page() -> *mut libc::c_void {
     };
     assert_ne!(p, libc::MAP_FAILED);
     p
+}
+
+/// Reads a fresh guard page ([`guard_page`]) with the fault handler installed for a heap at test
+/// slot `slot`: a fault outside the heap, which the handler passes on to the previous action.
+fn read_a_guard_page_under_the_handler(slot: usize, backend: FaultBackend) -> u8 {
+    let heap = map(layout(slot, 4), backend).unwrap();
+    let _handler = FaultHandler::install(heap, Doorbell::new().unwrap()).unwrap();
+    let p = guard_page();
+    // SAFETY: deliberately faults; what happens then is the previous action's to decide (the
+    // default kills the process; a handler may make the page readable, and the read returns).
+    unsafe { std::ptr::read_volatile(p.cast::<u8>()) }
 }
 
 /// Whether `sig` is blocked on the calling thread. Async-signal-safe.
@@ -406,11 +413,8 @@ fn a_one_shot_previous_handler_runs_once(backend: FaultBackend, test: &str) {
     let out = run_in_child(test, || {
         no_core_dumps();
         install_previous(one_shot, libc::SA_RESETHAND);
-        let heap = map(layout(26, 4), backend).unwrap();
-        let _handler = FaultHandler::install(heap, Doorbell::new().unwrap()).unwrap();
-        let p = guard_page();
-        // SAFETY: deliberately faults; the handler passes it on, then the default action kills.
-        let b = unsafe { std::ptr::read_volatile(p.cast::<u8>()) };
+        // The one-shot handler returns; the retried read meets the default action and dies.
+        let b = read_a_guard_page_under_the_handler(26, backend);
         eprintln!("unreachable: read {b}");
     });
     out.assert_killed_by(libc::SIGSEGV);
@@ -427,24 +431,23 @@ fn a_one_shot_previous_handler_runs_once(backend: FaultBackend, test: &str) {
 /// kernel would have given it (its `sa_mask`; SIGSEGV left open under `SA_NODEFER`), and the
 /// program's mask is its own again afterwards.
 fn a_previous_handler_runs_with_its_own_mask(backend: FaultBackend, test: &str) {
-    static GUARD: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     static SAW: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-    extern "C" fn repair(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    extern "C" fn repair(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
         SAW.store(
             1 + u8::from(blocked(libc::SIGUSR1)) + 2 * u8::from(blocked(libc::SIGSEGV)),
             Ordering::SeqCst,
         );
-        // SAFETY: the test's own guard page, made readable so the access completes.
-        unsafe { libc::mprotect(GUARD.load(Ordering::SeqCst) as *mut libc::c_void, 4096, libc::PROT_READ) };
+        // SAFETY: `info` is the kernel's siginfo of the fault, passed on unchanged; its address
+        // is in the test's own guard page, made readable so the access completes.
+        unsafe {
+            let page = ((*info).si_addr() as usize) & !4095;
+            libc::mprotect(page as *mut libc::c_void, 4096, libc::PROT_READ);
+        }
     }
     run_in_child(test, || {
         install_previous(repair, libc::SA_NODEFER);
-        let heap = map(layout(27, 4), backend).unwrap();
-        let _handler = FaultHandler::install(heap, Doorbell::new().unwrap()).unwrap();
-        let p = guard_page();
-        GUARD.store(p as usize, Ordering::SeqCst);
-        // SAFETY: faults once; the previous handler makes the page readable (a zero page).
-        let b = unsafe { std::ptr::read_volatile(p.cast::<u8>()) };
+        // Faults once; the previous handler makes the page readable (a zero page).
+        let b = read_a_guard_page_under_the_handler(27, backend);
         assert_eq!(b, 0);
         // 1 + SIGUSR1 blocked (1) + SIGSEGV not blocked (0).
         assert_eq!(SAW.load(Ordering::SeqCst), 2, "the handler's mask: 1 + usr1 + 2 * segv");

@@ -113,18 +113,16 @@ pub(super) fn run_in_child(test: &str, body: impl FnOnce()) -> ChildOutput {
     }
     let exe = std::env::current_exe().expect("path of the test binary");
     let mut cmd = Command::new(exe);
+    // The child dies (SIGKILL) with this test's thread, which waits for it: a child hung in a
+    // fault does not outlive a test process killed from outside. If the test process died
+    // before the hook, the child exits at once.
     let parent = std::process::id() as i32;
     // SAFETY: the hook runs in the child between fork and exec, where only async-signal-safe
-    // calls are allowed: two system calls (`prctl`, `getppid`) and an `io::Error` from an errno,
-    // which allocates nothing. The child dies (SIGKILL) with this test's thread, which waits for
-    // it: a child hung in a fault does not outlive a test process killed from outside. If the
-    // test process died before the hook, the child exits at once.
+    // calls are allowed: two system calls (`prctl`, `getppid`) and an `io::Error` from an errno.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if libc::getppid() != parent {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+            if nix::unistd::getppid().as_raw() != parent {
                 return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
             }
             Ok(())
