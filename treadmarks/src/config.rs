@@ -72,8 +72,10 @@ pub struct Config {
     pub heap_base: usize,
     pub nlocks: u32,
     pub nbarriers: u32,
-    /// Consistency data (bytes) past which a node asks the next barrier to collect.
-    pub gc_threshold: u64,
+    /// Consistency data (bytes) past which a node asks the next barrier to collect
+    /// (`TMK_GC_THRESHOLD`); `None`: [`Config::gc_threshold_bytes`]'s default, which follows the
+    /// heap's size as it is at startup (after [`Config::fit_heap`]).
+    pub gc_threshold: Option<u64>,
     /// Push diffs at barriers to the pages' earlier readers (`protocol/push.rs`).
     pub push: bool,
     /// Skip the push of a page that its write history says is written again in the next epoch
@@ -187,7 +189,7 @@ impl Default for Config {
             heap_base: 0x6000_0000_0000,
             nlocks: 1024,
             nbarriers: 64,
-            gc_threshold: DEFAULT_GC_THRESHOLD,
+            gc_threshold: None,
             push: true,
             push_skip: true,
             back_heap: true,
@@ -352,7 +354,7 @@ impl Config {
             ("TMK_HEAP_BASE", Some(format!("{:#x}", self.heap_base))),
             ("TMK_LOCKS", Some(self.nlocks.to_string())),
             ("TMK_BARRIERS", Some(self.nbarriers.to_string())),
-            ("TMK_GC_THRESHOLD", Some(self.gc_threshold.to_string())),
+            ("TMK_GC_THRESHOLD", self.gc_threshold.map(|b| b.to_string())),
             ("TMK_SERVICE_RT", self.service_rt.and_then(on)),
             ("TMK_SERVICE_SPIN_US", self.service_spin.map(|d| d.as_micros().to_string())),
             ("TMK_SPIN_US", Some(self.app_spin.as_micros().to_string())),
@@ -427,9 +429,8 @@ impl Config {
         if let Some(v) = env("TMK_BARRIERS")? {
             c.nbarriers = num("TMK_BARRIERS", &v)?;
         }
-        c.gc_threshold = c.gc_threshold.min(c.heap_size as u64 / 4);
         if let Some(v) = env("TMK_GC_THRESHOLD")? {
-            c.gc_threshold = parse_size("TMK_GC_THRESHOLD", &v)? as u64;
+            c.gc_threshold = Some(parse_size("TMK_GC_THRESHOLD", &v)? as u64);
         }
         if let Some(v) = env("TMK_PIN")? {
             c.pin = Some(switch("TMK_PIN", &v)?);
@@ -635,14 +636,20 @@ impl Config {
     /// lock acquires would fail (a limit at or below the threshold made them fail, barriers or
     /// not), and one that never does still gets its limit.
     pub fn collection_threshold(&self, limit: u64) -> u64 {
-        self.gc_threshold.min(limit / 2)
+        self.gc_threshold_bytes().min(limit / 2)
+    }
+
+    /// The collection threshold: as set, else [`DEFAULT_GC_THRESHOLD`] or a quarter of the heap,
+    /// if less (a small heap's consistency data would otherwise outgrow it before a collection).
+    pub fn gc_threshold_bytes(&self) -> u64 {
+        self.gc_threshold.unwrap_or(DEFAULT_GC_THRESHOLD.min(self.heap_size as u64 / 4))
     }
 
     /// Diff memory to back at startup: as set, else the diffs a node holds before its first
     /// collection: the collection threshold, and one chunk more, since the collection comes at
     /// the barrier after the threshold is passed (the chunk pool caps it at 64 MiB).
     pub fn diff_reserve_bytes(&self) -> u64 {
-        self.diff_reserve.unwrap_or(self.gc_threshold.saturating_add(crate::mem::chunk::CHUNK as u64))
+        self.diff_reserve.unwrap_or(self.gc_threshold_bytes().saturating_add(crate::mem::chunk::CHUNK as u64))
     }
 
     /// Memory a node of a multi-node job backs at startup, in bytes: its diff reserve (as the
@@ -805,24 +812,43 @@ mod tests {
     /// turned off leave the limit as it is.
     #[test]
     fn a_consistency_limit_brings_collections_forward_to_half_of_it() {
-        let c = Config { consistency_limit: Some(16 << 20), gc_threshold: 32 << 20, ..Config::default() };
+        let c =
+            Config { consistency_limit: Some(16 << 20), gc_threshold: Some(32 << 20), ..Config::default() };
         assert!(c.validate().is_ok());
         let limit = c.consistency_limit_bytes(4);
         assert_eq!((limit, c.collection_threshold(limit)), (16 << 20, 8 << 20));
         let roomy = Config { consistency_limit: Some(1 << 30), ..c.clone() };
         assert_eq!(roomy.collection_threshold(roomy.consistency_limit_bytes(4)), 32 << 20);
-        let never = Config { gc_threshold: u64::MAX, consistency_limit: Some(0), ..c };
+        let never = Config { gc_threshold: Some(u64::MAX), consistency_limit: Some(0), ..c };
         assert_eq!(never.collection_threshold(never.consistency_limit_bytes(4)), u64::MAX / 2);
+    }
+
+    /// The default threshold follows the heap as it is at startup, however the configuration was
+    /// built: a configuration built in code for a 64 MiB heap kept 32 MiB (the environment's
+    /// was capped at a quarter of the heap), and a heap shrunk to fit `vm.max_map_count` kept
+    /// the quarter of the size asked for.
+    #[test]
+    fn the_default_collection_threshold_is_a_quarter_of_a_small_heap() {
+        let small = Config { heap_size: 64 << 20, ..Config::default() };
+        assert_eq!(small.gc_threshold_bytes(), 16 << 20);
+        assert_eq!(Config::default().gc_threshold_bytes(), DEFAULT_GC_THRESHOLD);
+        let set = Config { gc_threshold: Some(48 << 20), ..small.clone() };
+        assert_eq!(set.gc_threshold_bytes(), 48 << 20, "a threshold set is kept");
+        let var = |k: &str| (k == "TMK_HEAP_SIZE").then(|| std::ffi::OsString::from("64MiB"));
+        let (from_env, _) = Config::from_vars_and_args(var, Vec::new()).unwrap();
+        assert_eq!(from_env.gc_threshold_bytes(), small.gc_threshold_bytes());
+        // A launcher passes no threshold it was not given: its nodes reckon it from the size.
+        assert!(small.to_vars().contains(&("TMK_GC_THRESHOLD", None)));
     }
 
     #[test]
     fn diff_reserve_defaults_to_the_collection_threshold() {
-        let mut c = Config { gc_threshold: 8 << 20, ..Config::default() };
+        let mut c = Config { gc_threshold: Some(8 << 20), ..Config::default() };
         assert_eq!(c.diff_reserve_bytes(), (8 << 20) + crate::mem::chunk::CHUNK as u64);
         c.diff_reserve = Some(0);
         assert_eq!(c.diff_reserve_bytes(), 0, "0 turns it off");
         // A threshold of "never" does not wrap around to a reserve of almost nothing.
-        let never = Config { gc_threshold: u64::MAX, ..Config::default() };
+        let never = Config { gc_threshold: Some(u64::MAX), ..Config::default() };
         assert_eq!(never.diff_reserve_bytes(), u64::MAX);
     }
 
@@ -906,7 +932,7 @@ mod tests {
             heap_base: 0x5123_4000_0000,
             nlocks: 77,
             nbarriers: 9,
-            gc_threshold: 123_456,
+            gc_threshold: Some(123_456),
             push: false,
             push_skip: false,
             back_heap: false,

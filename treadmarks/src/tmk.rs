@@ -196,7 +196,6 @@ impl Tmk {
                     crate::mem::Bytes(fitted),
                 ));
                 config.heap_size = fitted;
-                config.gc_threshold = config.gc_threshold.min(fitted as u64 / 4);
             }
         }
         let layout = HeapLayout { base: config.heap_base, size: config.heap_size, protect: n > 1 };
