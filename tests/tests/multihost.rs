@@ -50,6 +50,8 @@ struct Lan {
     hosts: Vec<String>,
     /// Each host's address, by rank.
     addrs: Vec<Ipv4Addr>,
+    /// Directories of per-namespace files made so far (`/etc/netns/<ns>`).
+    etc: Vec<String>,
 }
 
 impl Lan {
@@ -65,7 +67,7 @@ impl Lan {
         // The subnet only has to be unique on our own bridge; derive it from the process anyway,
         // so that addresses seen in a failure message point at the run that used them.
         let subnet = (pid % 127) as u8 * 2 + slot % 2 + 1;
-        let mut lan = Lan { created: Vec::new(), hosts: Vec::new(), addrs: Vec::new() };
+        let mut lan = Lan { created: Vec::new(), hosts: Vec::new(), addrs: Vec::new(), etc: Vec::new() };
         let switch = format!("{tag}-sw");
         lan.add_namespace(&switch)?;
         ip(&["-n", &switch, "link", "add", "br0", "type", "bridge"])?;
@@ -98,11 +100,29 @@ impl Lan {
         Ok(())
     }
 
+    /// Gives each host's resolver a name: `names[r]` is what host `r`'s `/etc/hosts` maps `name`
+    /// to (`ip netns exec` mounts `/etc/netns/<ns>/hosts` over it).
+    fn name_host(&mut self, name: &str, addrs: &[std::net::IpAddr]) -> Result<(), String> {
+        for (host, addr) in self.hosts.iter().zip(addrs) {
+            let dir = format!("/etc/netns/{host}");
+            self.etc.push(dir.clone());
+            std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {dir}: {e}"))?;
+            let hosts = format!("127.0.0.1 localhost\n{addr} {name}\n");
+            std::fs::write(format!("{dir}/hosts"), hosts)
+                .map_err(|e| format!("cannot write {dir}/hosts: {e}"))?;
+        }
+        Ok(())
+    }
+
     /// Runs `scenario` with node `r` on host `r`, every node printing its statistics. Returns
     /// what each node printed, by rank, once all have finished.
     fn run(&self, backend: &str, scenario: &str, slot: u64) -> Vec<Outcome> {
+        self.run_with_root(backend, scenario, slot, &format!("{}:{ROOT_PORT}", self.addrs[0]))
+    }
+
+    /// [`Lan::run`], the nodes meeting node 0 at `root`.
+    fn run_with_root(&self, backend: &str, scenario: &str, slot: u64, root: &str) -> Vec<Outcome> {
         let n = self.hosts.len().to_string();
-        let root = format!("{}:{ROOT_PORT}", self.addrs[0]);
         let jobs: Vec<Job> = self
             .hosts
             .iter()
@@ -113,7 +133,7 @@ impl Lan {
                     .env("TMK_FAULTS", backend)
                     .env("TMK_NPROCS", &n)
                     .env("TMK_RANK", rank.to_string())
-                    .env("TMK_ROOT", &root)
+                    .env("TMK_ROOT", root)
                     .env("TMK_HEAP_SIZE", "64MiB")
                     .env("TMK_HEAP_BASE", heap_base(slot))
                     .env("TMK_CONNECT_TIMEOUT", "20")
@@ -128,6 +148,9 @@ impl Lan {
 
 impl Drop for Lan {
     fn drop(&mut self) {
+        for dir in &self.etc {
+            let _ = std::fs::remove_dir_all(dir);
+        }
         for name in self.created.iter().rev() {
             if let Err(e) = ip(&["netns", "delete", name]) {
                 eprintln!("warning: {e}");
@@ -153,6 +176,7 @@ fn remove_stale_namespaces() {
         let ours = rest[pid.len()..].starts_with('s');
         if ours && !pid.is_empty() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
             let _ = ip(&["netns", "delete", name]);
+            let _ = std::fs::remove_dir_all(format!("/etc/netns/{name}"));
         }
     }
 }
@@ -236,4 +260,25 @@ fn three_hosts_on_a_bridge_merge_interleaved_words() {
     // After each barrier every node fetches the other two's diffs of the shared page: every pair
     // talks, including 1 and 2 over the mesh link that neither made through node 0.
     run_across(&lan, "interleaved", 21, &[(0, 1), (0, 2), (1, 2)]);
+}
+
+/// The hosts named by a host name whose own resolver maps it to a loopback address, as Debian's
+/// and Ubuntu's `/etc/hosts` map the host's name to 127.0.1.1, while the others' resolvers give its
+/// network address: node 0 listened on 127.0.1.1, and the others failed at the meeting's timeout.
+#[test]
+fn a_root_named_by_a_host_whose_own_name_is_loopback_is_reached() {
+    let Some(mut lan) = lan_or_skip(2, 3) else { return };
+    let name = "tmk-root-host";
+    let mut addrs: Vec<std::net::IpAddr> = vec![lan.addrs[0].into(); lan.hosts.len()];
+    addrs[0] = Ipv4Addr::new(127, 0, 1, 1).into();
+    if let Err(why) = lan.name_host(name, &addrs) {
+        eprintln!("skipping: {why}");
+        return;
+    }
+    let outs = lan.run_with_root(support::backends()[0], "counter", 22, &format!("{name}:{ROOT_PORT}"));
+    outs[0].assert_pass("counter");
+    for (rank, out) in outs.iter().enumerate() {
+        assert_eq!(out.code, Some(0), "node {rank} on {} failed: {out:#?}", lan.hosts[rank]);
+    }
+    assert!(outs[0].stderr.contains("node 0 listens on 0.0.0.0:7391"), "{:#?}", outs[0]);
 }

@@ -61,6 +61,9 @@ pub struct Config {
     pub nprocs: u16,
     pub role: Role,
     pub root: Option<SocketAddr>,
+    /// The host name `root` was resolved from (`TMK_ROOT=host-a:7000`); `None` where it was given
+    /// as an address. See [`Config::root_listen_addr`].
+    pub root_name: Option<String>,
     pub heap_size: usize,
     /// On the mprotect fault backend, shrink a heap larger than `vm.max_map_count` allows to the
     /// largest that fits, saying so, instead of refusing to start ([`crate::mem::fit_heap`]).
@@ -184,6 +187,7 @@ impl Default for Config {
             nprocs: 1,
             role: Role::Launcher,
             root: None,
+            root_name: None,
             heap_size: 1 << 30,
             fit_heap: true,
             heap_base: 0x6000_0000_0000,
@@ -230,10 +234,16 @@ fn switch(name: &'static str, v: &str) -> Result<bool, ConfigError> {
 }
 
 /// `HOST:PORT` (a name or an address), resolved to its first address.
-fn address(name: &'static str, v: &str) -> Result<SocketAddr, ConfigError> {
+/// The address `v` (`HOST:PORT`) names, and its host if that is a name rather than an address.
+fn address(name: &'static str, v: &str) -> Result<(SocketAddr, Option<String>), ConfigError> {
     use std::net::ToSocketAddrs;
+    if let Ok(addr) = v.trim().parse::<SocketAddr>() {
+        return Ok((addr, None));
+    }
     let mut addrs = v.to_socket_addrs().map_err(|e| invalid(name, v, e))?;
-    addrs.next().ok_or_else(|| invalid(name, v, "the name resolves to no address"))
+    let addr = addrs.next().ok_or_else(|| invalid(name, v, "the name resolves to no address"))?;
+    let host = v.trim().rsplit_once(':').map_or(v, |(host, _)| host);
+    Ok((addr, Some(host.to_string())))
 }
 
 fn num<T: std::str::FromStr>(name: &'static str, v: &str) -> Result<T, ConfigError>
@@ -413,7 +423,7 @@ impl Config {
             c.role = Role::Member { rank: num("TMK_RANK", &v)? };
         }
         if let Some(v) = env("TMK_ROOT")? {
-            c.root = Some(address("TMK_ROOT", &v)?);
+            (c.root, c.root_name) = address("TMK_ROOT", &v).map(|(a, n)| (Some(a), n))?;
         }
         if let Some(v) = env("TMK_HEAP_SIZE")? {
             c.heap_size = parse_size("TMK_HEAP_SIZE", &v)?;
@@ -522,11 +532,31 @@ impl Config {
                 "-n" => c.nprocs = num("-n", &value)?,
                 "--nprocs" => c.nprocs = num("--nprocs", &value)?,
                 "--rank" => c.role = Role::Member { rank: num("--rank", &value)? },
-                _ => c.root = Some(address("--root", &value)?),
+                _ => (c.root, c.root_name) = address("--root", &value).map(|(a, n)| (Some(a), n))?,
             }
         }
         c.validate()?;
         Ok((c, rest))
+    }
+
+    /// Where node 0 listens, when it joins a job by hand: the root's address, or every interface
+    /// at its port where the root was given as a host name that resolves to a loopback address
+    /// here but is no loopback name (`localhost`): Debian and Ubuntu map the host's own name to
+    /// 127.0.1.1 in `/etc/hosts`, and a node 0 listening there was unreachable from the other
+    /// hosts, whose resolvers give its network address; they failed at the meeting's timeout.
+    pub fn root_listen_addr(&self) -> Option<SocketAddr> {
+        let root = self.root?;
+        let local_name = |n: &str| n.eq_ignore_ascii_case("localhost") || n.ends_with(".localhost");
+        match &self.root_name {
+            Some(name) if root.ip().is_loopback() && !local_name(name) => {
+                let any: std::net::IpAddr = match root {
+                    SocketAddr::V4(_) => std::net::Ipv4Addr::UNSPECIFIED.into(),
+                    SocketAddr::V6(_) => std::net::Ipv6Addr::UNSPECIFIED.into(),
+                };
+                Some(SocketAddr::new(any, root.port()))
+            }
+            _ => Some(root),
+        }
     }
 
     /// Checks the settings against each other.
@@ -1032,5 +1062,20 @@ mod tests {
         assert!(root.ip().is_loopback() && root.port() == 9, "{root}");
         let e = Config::from_env_and_args(vec!["--root".into(), "localhost".into()]).unwrap_err();
         assert!(e.to_string().contains("\"localhost\" for --root"), "{e}");
+        // Node 0 listens where `localhost` names, but on every interface where the host's own
+        // name resolves to a loopback address (Debian's 127.0.1.1), which other hosts, resolving
+        // it to its network address, cannot reach.
+        assert_eq!((c.root_name.as_deref(), c.root_listen_addr()), (Some("localhost"), Some(root)));
+        let own = |ip: &str| Config {
+            root: Some(SocketAddr::new(ip.parse().unwrap(), 7000)),
+            root_name: Some("host-a".into()),
+            ..Config::default()
+        };
+        assert_eq!(own("127.0.1.1").root_listen_addr(), Some("0.0.0.0:7000".parse().unwrap()));
+        assert_eq!(own("::1").root_listen_addr(), Some("[::]:7000".parse().unwrap()));
+        assert_eq!(own("10.0.0.1").root_listen_addr(), Some("10.0.0.1:7000".parse().unwrap()));
+        // An address given is where node 0 listens, loopback or not.
+        let (c, _) = Config::from_env_and_args(vec!["--root".into(), "127.0.1.1:7000".into()]).unwrap();
+        assert_eq!((c.root_name.as_deref(), c.root_listen_addr()), (None, c.root));
     }
 }

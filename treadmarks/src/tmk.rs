@@ -275,7 +275,27 @@ impl Tmk {
                 }
                 Role::Member { .. } => {
                     let root = config.root.expect("validated: members know the root");
-                    (None, root, config.pin.unwrap_or(local_job), launch::claimed_cpus())
+                    let listen = config.root_listen_addr().filter(|at| me == NodeId(0) && *at != root);
+                    let listener = match listen {
+                        Some(at) => {
+                            let name = config.root_name.as_deref().unwrap_or_default();
+                            crate::report(&format!(
+                                "treadmarks: the root's name {name} resolves to {} here, a loopback \
+                                 address the other hosts cannot reach: node 0 listens on {at}",
+                                root.ip()
+                            ));
+                            let l = TcpListener::bind(at).map_err(|e| {
+                                Error::Config(crate::config::ConfigError::Invalid {
+                                    name: "TMK_ROOT / --root",
+                                    value: format!("{name}:{}", root.port()),
+                                    why: format!("node 0 cannot listen on {at}: {e}"),
+                                })
+                            })?;
+                            Some(l)
+                        }
+                        None => None,
+                    };
+                    (listener, root, config.pin.unwrap_or(local_job), launch::claimed_cpus())
                 }
             };
             // All nodes of a job launched here share this machine's CPUs: give each its own
