@@ -12,15 +12,16 @@
 //! before any check saw a page. The lists with a bound that no honest node exceeds are refused by
 //! their length prefix, before an entry is decoded: a diff or page reply answers one request of
 //! at most [`PAGES_PER_REQUEST`] pages ([`request_pages`]), a push carries at most
-//! [`PUSH_MAX_PAGES`] ([`push_pages`]), and a list of interval records at most [`MOST_RECORDS`]
-//! ([`records`]). (The limits can only be lowered, in tests.) A lock grant's diffs have no such
-//! bound (a grant may list every page the acquirer reads).
+//! [`PUSH_MAX_PAGES`] ([`push_pages`]), a lock grant at most [`PIGGYBACK_MAX_PAGES`]
+//! ([`grant_pages`]), and a list of interval records at most [`MOST_RECORDS`] ([`records`]).
+//! (The limits can only be lowered, in tests.)
 //!
 //! Invariant: decoding a sequence of `n` entries allocates no more than the entries' size
 //! (rounded up by growth) or [`PREALLOC_BYTES`], whichever is more; the wire format is
 //! `smallvec`'s or `Vec`'s (a sequence), so what a peer encodes is decoded unchanged.
 
 use super::ahead::MOST_RECORDS;
+use super::lock::PIGGYBACK_MAX_PAGES;
 use super::page::PAGES_PER_REQUEST;
 use super::push::PUSH_MAX_PAGES;
 use serde::de::{Deserialize, Deserializer, Error, SeqAccess, Visitor};
@@ -71,6 +72,11 @@ pub fn request_pages<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Re
 /// [`MOST_RECORDS`], the most a sender puts in one list.
 pub fn records<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
     vec_at_most(d, MOST_RECORDS, "interval records, the most one list holds")
+}
+
+/// Decodes the pages a lock grant carries diffs of: at most [`PIGGYBACK_MAX_PAGES`].
+pub fn grant_pages<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
+    vec_at_most(d, PIGGYBACK_MAX_PAGES, "pages, the most a lock grant carries")
 }
 
 /// Decodes the pages of a push: at most [`PUSH_MAX_PAGES`].
@@ -148,8 +154,8 @@ mod tests {
         assert!(SmallVec::<[u32; 2]>::deserialize(SeqAccessDeserializer::new(lying)).is_err());
     }
 
-    /// A reply or push listing more pages, or a list of more interval records, than any node
-    /// sends is refused by its length, before an entry is decoded; one at the limit decodes.
+    /// A reply, push or grant listing more pages, or a list of more interval records, than any
+    /// node sends is refused by its length, before an entry is decoded; one at the limit decodes.
     #[test]
     fn lists_longer_than_any_node_sends_are_refused_by_their_length() {
         use crate::protocol::PageIdx;
@@ -163,12 +169,20 @@ mod tests {
             upto: 1,
             pages: vec![UnaskedDiffs { page: PageIdx(0), after_seq: 0, diffs: Default::default() }; n],
         };
+        let grant = |n: usize| Message::LockGrant {
+            lock: crate::protocol::LockId(0),
+            intervals: Vec::new(),
+            diffs: vec![UnaskedDiffs { page: PageIdx(0), after_seq: 0, diffs: Default::default() }; n],
+            bundled: Vec::new(),
+        };
         let decode = |m: Message| postcard::from_bytes::<Message>(&postcard::to_allocvec(&m).unwrap());
         assert!(decode(reply(PAGES_PER_REQUEST)).is_ok());
         assert!(decode(push(PUSH_MAX_PAGES)).is_ok());
+        assert!(decode(grant(PIGGYBACK_MAX_PAGES)).is_ok());
         // postcard's errors name no value; serde's own decoder shows what the visitor says.
         assert!(decode(reply(PAGES_PER_REQUEST + 1)).is_err());
         assert!(decode(push(PUSH_MAX_PAGES + 1)).is_err());
+        assert!(decode(grant(PIGGYBACK_MAX_PAGES + 1)).is_err());
         let lying = Lying { entries: vec![1, 2, 3].into_iter(), claims: 33_000_000 };
         let err = request_pages::<_, u32>(SeqAccessDeserializer::new(lying)).unwrap_err();
         assert_eq!(

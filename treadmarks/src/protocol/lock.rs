@@ -110,6 +110,12 @@ impl LockState {
 /// Most diff bytes one lock grant carries.
 pub const PIGGYBACK_LIMIT: usize = 64 << 10;
 
+/// Most pages one lock grant carries diffs of, however small: a page whose diffs the acquirer
+/// has already (an empty list) costs no diff bytes, so [`PIGGYBACK_LIMIT`] alone did not bound
+/// the list, and a receiver can refuse a longer one by its length (`cautious.rs`). Water's
+/// grants carry 4-5 pages, qsort's ~16 whole-page diffs.
+pub const PIGGYBACK_MAX_PAGES: usize = 1024;
+
 /// Pages of a grant's candidates whose twins are cut together (`Node::diffs_for_grant`): cut
 /// one by one, each froze and restored its page, ~4.5 µs a page in water's grants.
 const GRANT_CUT_BATCH: usize = 8;
@@ -286,8 +292,8 @@ impl<M: PageMemory> Node<M> {
     /// assume the acquirer has (`after_seq`: the newest whose first interval it knows of, or
     /// the one its subscription records if older), cutting the twin if need be (the acquirer
     /// needs all of them to consider the page complete). Pages merely still twinned from before
-    /// are not sent. Bounded by [`PIGGYBACK_LIMIT`] bytes, the protected data first, in page
-    /// order; the twins are cut [`GRANT_CUT_BATCH`] pages at a time, so those of pages more than
+    /// are not sent. Bounded by [`PIGGYBACK_LIMIT`] bytes and [`PIGGYBACK_MAX_PAGES`] pages, the
+    /// protected data first, in page order; the twins are cut [`GRANT_CUT_BATCH`] pages at a time, so those of pages more than
     /// a batch past the limit are not cut (cutting every candidate's made qsort, whose
     /// task-queue grants name most of the pages a node sorts, 50% slower in write faults).
     /// Beyond the limit the acquirer fetches as usual. `blocked`: as for [`Node::grant`].
@@ -326,7 +332,7 @@ impl<M: PageMemory> Node<M> {
         let closed = self.vt.get(self.me);
         let mut out = Vec::new();
         let mut bytes = 0;
-        for (i, &(_, p, after_seq)) in candidates.iter().enumerate() {
+        for (i, &(_, p, after_seq)) in candidates.iter().enumerate().take(self.cfg.limits.piggyback_pages) {
             // Twins cut a batch at a time, as for a diff request (one protection change per run
             // of pages, none for pages renewed from a snapshot), but no further than the limit
             // may need: cutting every candidate's made qsort's grants far slower.

@@ -108,6 +108,7 @@ pub enum Message {
         lock: LockId,
         #[serde(deserialize_with = "super::cautious::records")]
         intervals: Vec<IntervalRecord>,
+        #[serde(deserialize_with = "super::cautious::grant_pages")]
         diffs: Vec<UnaskedDiffs>,
         bundled: Vec<LockId>,
     },

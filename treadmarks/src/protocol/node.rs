@@ -66,6 +66,8 @@ pub struct Limits {
     pub push_max_pages: usize,
     /// Most diff bytes a lock grant carries unasked ([`super::lock::PIGGYBACK_LIMIT`]).
     pub piggyback_bytes: usize,
+    /// Most pages a lock grant carries diffs of ([`super::lock::PIGGYBACK_MAX_PAGES`]).
+    pub piggyback_pages: usize,
     /// Fewest write notices in a barrier episode whose application the manager defers until
     /// its releases are sent (`barrier.rs`: `DEFER_NOTICES_MIN`).
     pub defer_notices_min: usize,
@@ -86,6 +88,7 @@ impl Default for Limits {
         Limits {
             push_max_pages: super::push::PUSH_MAX_PAGES,
             piggyback_bytes: super::lock::PIGGYBACK_LIMIT,
+            piggyback_pages: super::lock::PIGGYBACK_MAX_PAGES,
             defer_notices_min: super::barrier::DEFER_NOTICES_MIN,
             first_request_pages: super::page::FIRST_REQUEST_PAGES,
             pages_per_request: super::page::PAGES_PER_REQUEST,

@@ -362,6 +362,26 @@ fn a_grant_carries_the_diffs_of_pages_the_acquirer_reads_whatever_lock_they_were
     assert_eq!(net.count(since, 0, 1, MsgKind::DiffRequest), 0, "{:?}", &net.log[since..]);
 }
 
+/// A grant carries the diffs of at most `piggyback_pages` pages (the bound a receiver holds it
+/// to, `cautious.rs`), the lock's data first; the acquirer fetches the page left out.
+#[test]
+fn a_grant_carries_the_diffs_of_no_more_pages_than_its_limit() {
+    let mut net = Net::new(2);
+    subscribe_node_0_to_page_2(&mut net);
+    net.nodes[1].cfg.limits.piggyback_pages = 1;
+    write_under(&mut net, 1, 2, 2, 1, 5);
+    write_under(&mut net, 1, 1, 3, 0, 6);
+    let since = net.log.len();
+    net.nodes[0].request_acquire(LockId(1)).unwrap();
+    net.settle();
+    assert_eq!(net.done(0), Some(AppDone::Acquired(LockId(1))));
+    assert_eq!(net.nodes[1].stats().diffs_piggybacked, 1, "page 3, under the lock, only");
+    assert_eq!(net.read(0, 3, 0), 6);
+    assert_eq!(net.count(since, 0, 1, MsgKind::DiffRequest), 0, "{:?}", &net.log[since..]);
+    assert_eq!((net.read(0, 2, 0), net.read(0, 2, 1)), (1, 5));
+    assert_eq!(net.count(since, 0, 1, MsgKind::DiffRequest), 1, "page 2 fetched: {:?}", &net.log[since..]);
+}
+
 /// Node 0 rewrites page 1 under lock 1 five times, node 2 taking the lock (and the page's diff)
 /// after each; node 1, five hand-offs behind, reads the page: it lacks five diffs, which come in
 /// as many replies when a reply may carry one, the page complete only after the last.

@@ -1039,8 +1039,8 @@ impl Sim {
 /// The default limits in half the runs; in the others, limits so small that a few pages of
 /// 64 bytes reach them: pushes left out for too many pages, grants that carry only some of the
 /// diffs they could, deferred notices at most barriers, requests of a page or two, replies cut
-/// between diffs, pushes that leave pages out, and grants and releases that send most of their
-/// interval records ahead.
+/// between diffs, pushes that leave pages out, grants and releases that send most of their
+/// interval records ahead, and grants that carry the diffs of a page or three.
 fn tiny_limits(pick: &mut Rng) -> Limits {
     if pick.chance(50) {
         return Limits::default();
@@ -1053,6 +1053,7 @@ fn tiny_limits(pick: &mut Rng) -> Limits {
         pages_per_request: 1 + pick.below(3) as usize,
         reply_bytes: [1, 100, 400][pick.below(3) as usize],
         record_bytes: [1, 60, 300][pick.below(3) as usize],
+        piggyback_pages: 1 + pick.below(3) as usize,
     }
 }
 

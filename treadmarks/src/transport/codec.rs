@@ -27,10 +27,12 @@
 //! - decoding never panics, and a header above [`MAX_FRAME`], a truncated or garbled payload, or
 //!   bytes left over after the message are all an `Err`;
 //! - decoding reserves no more than a sequence's entries that actually decode (or 64 KiB ahead),
-//!   and refuses the lists with a bound no honest sender exceeds (a reply's or push's pages, a
-//!   message's interval records) by their length (`protocol/cautious.rs`). What decoded entries
-//!   take in memory can still be several times their wire bytes, up to ~35 times for a lock
-//!   grant listing pages with no diffs, its one list with no such bound.
+//!   and refuses the lists with a bound no honest sender exceeds (a reply's, push's or lock
+//!   grant's pages, a message's interval records) by their length (`protocol/cautious.rs`). What
+//!   decoded entries take in memory can still be several times their wire bytes: up to ~27 times
+//!   (twice that with a list's growth) for one page's list of diffs with no bytes (3 bytes on the
+//!   wire, 80 decoded), the one list with no such bound (a writer keeps a diff of a page per
+//!   interval it wrote it in, until a collection).
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
