@@ -178,6 +178,16 @@ pub enum TransportError {
         addr: SocketAddr,
     },
 
+    /// A node that had joined the meeting closed its connection, or spoke out of turn, before
+    /// the meeting could end.
+    #[error("{node}: {source}")]
+    JoinedNodeLost {
+        /// The node.
+        node: NodeId,
+        /// What the root found on its connection.
+        source: Box<TransportError>,
+    },
+
     /// The root's address table does not fit our configuration.
     #[error("root sent a table of {len} addresses, we were started with {nprocs} nodes")]
     BadTable {

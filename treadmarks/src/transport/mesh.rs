@@ -31,10 +31,14 @@
 //! - when the root fails the meeting it tells every peer it has heard from, and not sent `Go`,
 //!   why (a `Reject`), so no peer is left waiting for a table that will not come, nor for a rank
 //!   that will not connect to it: the root watches every peer's connection until all are
-//!   `Ready`, and a peer that closes it (it failed, died or was killed) or says anything else
-//!   fails the meeting at once. A peer reads nothing from the root but handshakes before `Go`
-//!   (the root starts its node only once every peer has been sent `Go`), so it can watch for a
-//!   `Reject` while it waits for the ranks above it.
+//!   `Ready` (from its hello on), and a peer that closes it (it failed, died or was killed) or
+//!   says anything else fails the meeting at once;
+//! - the root reads a connection only once it has something to say: one that says nothing holds
+//!   up no other, one that closes without a word (a port check) is let go, and one that says
+//!   anything but a hello that fits the job fails the meeting;
+//! - a peer reads nothing from the root but handshakes before `Go` (the root starts its node only
+//!   once every peer has been sent `Go`), so it can watch for a `Reject` while it waits for the
+//!   ranks above it.
 //!
 //! This module does not own the streams after the meeting: [`link`](super::link) takes them over.
 
@@ -296,6 +300,28 @@ fn gather_ready(
     }
 }
 
+/// What a connection holds for us to read, found without waiting.
+enum Peeked {
+    Nothing,
+    Bytes,
+    Closed,
+}
+
+/// Looks at `stream` without waiting or taking anything.
+fn peek(stream: &TcpStream) -> io::Result<Peeked> {
+    stream.set_nonblocking(true)?;
+    let peeked = stream.peek(&mut [0]);
+    stream.set_nonblocking(false)?;
+    match peeked {
+        Ok(0) => Ok(Peeked::Closed),
+        Ok(_) => Ok(Peeked::Bytes),
+        Err(err) if matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {
+            Ok(Peeked::Nothing)
+        }
+        Err(err) => Err(err),
+    }
+}
+
 /// The next handshake on `stream` if one has begun to arrive, without waiting for one to begin;
 /// a connection closed meanwhile is an error.
 fn poll_handshake(
@@ -304,20 +330,28 @@ fn poll_handshake(
     deadline: &Deadline,
     op: &'static str,
 ) -> Result<Option<Handshake>> {
-    let io_err = |source| TransportError::Io { op, addr, source };
-    stream.set_nonblocking(true).map_err(io_err)?;
-    let peeked = stream.peek(&mut [0]);
-    stream.set_nonblocking(false).map_err(io_err)?;
-    match peeked {
-        Ok(0) => Err(io_err(io::Error::new(io::ErrorKind::UnexpectedEof, "the peer closed the connection"))),
-        Ok(_) => recv(stream, addr, deadline, op, || format!("the rest of a message from {addr}")).map(Some),
-        Err(err) if matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => Ok(None),
-        Err(source) => Err(io_err(source)),
+    match peek(stream).map_err(|source| TransportError::Io { op, addr, source })? {
+        Peeked::Nothing => Ok(None),
+        Peeked::Bytes => {
+            recv(stream, addr, deadline, op, || format!("the rest of a message from {addr}")).map(Some)
+        }
+        Peeked::Closed => Err(TransportError::Io {
+            op,
+            addr,
+            source: io::Error::new(io::ErrorKind::UnexpectedEof, "the peer closed the connection"),
+        }),
     }
 }
 
 /// Accepts and checks a Hello from every rank but 0. On error, also returns the connection that
 /// caused it (if any), so that it too can be told.
+///
+/// A connection is read only once it has something to say, so one that says nothing (anything
+/// may connect to a port a job listens on) holds up no other, and one that closes without a word
+/// (a port check: `nc -z host 7000`) is let go; both are logged. A connection that does speak
+/// must say a Hello that fits the job, or the meeting fails. A rank that joined and then closes
+/// its connection (it failed, died or was killed) fails the meeting at once, naming it, rather
+/// than when the last rank comes.
 fn gather_hellos(
     cfg: &MeshConfig,
     listener: &TcpListener,
@@ -326,7 +360,64 @@ fn gather_hellos(
     joined: &mut [Option<Joined>],
 ) -> Result<(), (TransportError, Option<(TcpStream, SocketAddr)>)> {
     let nprocs = cfg.nprocs;
-    for count in 0..nprocs - 1 {
+    let accept_err =
+        |source| (TransportError::Io { op: "accept a connection on", addr: root_addr, source }, None);
+    listener.set_nonblocking(true).map_err(accept_err)?;
+    // Accepted, and silent so far.
+    let mut quiet: Vec<(TcpStream, SocketAddr)> = Vec::new();
+    loop {
+        loop {
+            match listener.accept() {
+                Ok((stream, from)) => {
+                    let blocking = stream.set_nonblocking(false).map_err(|source| TransportError::Io {
+                        op: "make blocking the connection from",
+                        addr: from,
+                        source,
+                    });
+                    blocking.and_then(|()| set_nodelay(&stream, from)).map_err(|e| (e, None))?;
+                    quiet.push((stream, from));
+                }
+                Err(err)
+                    if matches!(
+                        err.kind(),
+                        io::ErrorKind::WouldBlock
+                            | io::ErrorKind::Interrupted
+                            | io::ErrorKind::ConnectionAborted
+                    ) =>
+                {
+                    break;
+                }
+                Err(source) => return Err(accept_err(source)),
+            }
+        }
+        let mut i = 0;
+        while i < quiet.len() {
+            match peek(&quiet[i].0) {
+                Ok(Peeked::Nothing) => i += 1,
+                Ok(Peeked::Closed) | Err(_) => {
+                    let (_, from) = quiet.swap_remove(i);
+                    tracing::warn!(%from, "a connection to the root closed without a word; ignored");
+                }
+                Ok(Peeked::Bytes) => {
+                    let (mut stream, from) = quiet.swap_remove(i);
+                    let hello = recv(&mut stream, from, deadline, "receive a hello from", || {
+                        format!("a hello from the connection from {from}")
+                    });
+                    match hello.and_then(|hello| check_hello(cfg, hello, from, joined)) {
+                        Ok((rank, listen_addr)) => {
+                            tracing::debug!(%rank, %from, %listen_addr, "joined the mesh");
+                            joined[rank.idx()] = Some(Joined { stream, from, listen_addr });
+                        }
+                        Err(err) => return Err((err, Some((stream, from)))),
+                    }
+                }
+            }
+        }
+        let count = joined.iter().skip(1).filter(|j| j.is_some()).count();
+        if count == usize::from(nprocs - 1) {
+            return Ok(());
+        }
+        watch_joined(joined, deadline).map_err(|e| (e, None))?;
         let waiting_for = || {
             let missing = missing_ranks(joined.iter().map(Option::is_some), ROOT);
             format!(
@@ -335,18 +426,28 @@ fn gather_hellos(
                 nprocs - 1
             )
         };
-        let (mut stream, from) =
-            accept(listener, root_addr, deadline, waiting_for, || Ok(())).map_err(|err| (err, None))?;
-        let hello = recv(&mut stream, from, deadline, "receive a hello from", || {
-            format!("a hello from the connection from {from}")
-        });
-        let checked = hello.and_then(|hello| check_hello(cfg, hello, from, joined));
-        match checked {
-            Ok((rank, listen_addr)) => {
-                tracing::debug!(%rank, %from, %listen_addr, "joined the mesh");
-                joined[rank.idx()] = Some(Joined { stream, from, listen_addr });
+        let remaining = deadline.remaining(waiting_for).map_err(|e| (e, None))?;
+        thread::sleep(ACCEPT_POLL.min(remaining));
+    }
+}
+
+/// Fails if a rank that joined has closed its connection, or said anything: it has nothing to say
+/// until it has the table.
+fn watch_joined(joined: &mut [Option<Joined>], deadline: &Deadline) -> Result<()> {
+    for (rank, j) in joined.iter_mut().enumerate() {
+        let Some(j) = j else { continue };
+        let node = NodeId(u16::try_from(rank).expect("ranks fit in u16"));
+        let lost = |source| TransportError::JoinedNodeLost { node, source: Box::new(source) };
+        match poll_handshake(&mut j.stream, j.from, deadline, "watch the connection from").map_err(lost)? {
+            None => {}
+            Some(other) => {
+                let addr = j.from;
+                return Err(lost(TransportError::UnexpectedMessage {
+                    got: other.kind(),
+                    expected: "nothing",
+                    addr,
+                }));
             }
-            Err(err) => return Err((err, Some((stream, from)))),
         }
     }
     Ok(())
@@ -983,45 +1084,58 @@ mod tests {
         assert!(matches!(reply, Handshake::Reject { .. }), "{reply:?}");
     }
 
-    /// A rank whose connection breaks after its hello fails the meeting, and the ranks the table
-    /// had yet to go to are told why (they were left to find the root's connection closed).
+    /// A rank whose connection breaks after its hello fails the meeting, and the ranks that
+    /// joined are told why (they were left to find the root's connection closed): the root finds
+    /// the break watching the connection, or writing the table to it.
     #[test]
     fn a_rank_lost_before_the_table_fails_the_meeting_and_the_rest_are_told() {
         let (listener, root) = bind_root();
         let t = Duration::from_secs(10);
         let root_node = thread::spawn(move || connect_mesh(&config(3, 0, root, t), Some(listener)));
-        let raw = TcpStream::connect(root).unwrap();
-        let hello =
-            Handshake::Hello { rank: NodeId(1), nprocs: 3, fingerprint: FP.to_owned(), listen_addr: root };
-        (&raw).write_all(&codec::frame(&hello).unwrap()).unwrap();
+        let hello = |rank| {
+            let raw = TcpStream::connect(root).unwrap();
+            let hello = Handshake::Hello {
+                rank: NodeId(rank),
+                nprocs: 3,
+                fingerprint: FP.to_owned(),
+                listen_addr: root,
+            };
+            (&raw).write_all(&codec::frame(&hello).unwrap()).unwrap();
+            raw
+        };
+        let mut rank_2 = hello(2);
+        let rank_1 = hello(1);
         // Closed with a reset: the root still reads the hello (received data stays readable
-        // after a reset), and writing the table to it fails.
+        // after a reset).
         let linger = nix::sys::socket::sockopt::Linger;
-        nix::sys::socket::setsockopt(&raw, linger, &libc::linger { l_onoff: 1, l_linger: 0 }).unwrap();
-        drop(raw);
-        let peer = connect_mesh(&config(3, 2, root, t), None).unwrap_err();
+        nix::sys::socket::setsockopt(&rank_1, linger, &libc::linger { l_onoff: 1, l_linger: 0 }).unwrap();
+        drop(rank_1);
         let root_err = root_node.join().unwrap().unwrap_err();
-        assert!(matches!(root_err, TransportError::Io { op: "send the table to", .. }), "{root_err}");
         assert!(
-            matches!(&peer, TransportError::Rejected { reason, .. } if reason.starts_with("node 1: ")),
-            "{peer}"
+            matches!(root_err, TransportError::Io { op: "send the table to", .. })
+                || matches!(root_err, TransportError::JoinedNodeLost { node: NodeId(1), .. }),
+            "{root_err}"
+        );
+        let deadline = Deadline::after(t);
+        let told = recv(&mut rank_2, root, &deadline, "receive from", || "the reject".into());
+        assert!(
+            matches!(&told, Ok(Handshake::Reject { reason }) if reason.starts_with("node 1: ")),
+            "{told:?}"
         );
     }
 
-    /// A rank lost after its hello, with a reset or closing in order (as a process that exits or
-    /// is killed does): the root cannot send it the table, or hears nothing but the close where
-    /// its `Ready` should come, and the rank that has the table, waiting for the lost one to
-    /// connect, is told at once instead of waiting out the meeting.
+    /// A rank lost after it took the table, with a reset or closing in order (as a process that
+    /// exits or is killed does): the root hears nothing but the close where its `Ready` should
+    /// come, and the rank that has the table, waiting for the lost one to connect, is told at
+    /// once instead of waiting out the meeting.
     #[test]
-    fn a_rank_lost_after_its_hello_fails_the_ranks_that_got_the_table_at_once() {
+    fn a_rank_lost_after_the_table_fails_the_ranks_that_got_it_at_once() {
         for reset in [true, false] {
             let (listener, root) = bind_root();
             let t = Duration::from_secs(20);
             let started = Instant::now();
             let root_node = thread::spawn(move || connect_mesh(&config(3, 0, root, t), Some(listener)));
-            // Rank 2 says hello and is gone, before rank 1 joins: the root tables rank 1 only
-            // once rank 2 is gone.
-            let raw = TcpStream::connect(root).unwrap();
+            let mut raw = TcpStream::connect(root).unwrap();
             let hello = Handshake::Hello {
                 rank: NodeId(2),
                 nprocs: 3,
@@ -1029,17 +1143,20 @@ mod tests {
                 listen_addr: root,
             };
             (&raw).write_all(&codec::frame(&hello).unwrap()).unwrap();
+            let rank_1 = thread::spawn(move || connect_mesh(&config(3, 1, root, t), None));
+            let deadline = Deadline::after(t);
+            let table = recv(&mut raw, root, &deadline, "receive from", || "the table".into()).unwrap();
+            assert!(matches!(table, Handshake::Table { .. }), "{table:?}");
             if reset {
                 let linger = nix::sys::socket::sockopt::Linger;
                 nix::sys::socket::setsockopt(&raw, linger, &libc::linger { l_onoff: 1, l_linger: 0 })
                     .unwrap();
             }
             drop(raw);
-            let rank_1 = thread::spawn(move || connect_mesh(&config(3, 1, root, t), None));
             let root_err = root_node.join().unwrap().unwrap_err();
             let peer = rank_1.join().unwrap().unwrap_err();
             assert!(
-                matches!(root_err, TransportError::Io { op: "send the table to" | "receive ready from", .. }),
+                matches!(root_err, TransportError::Io { op: "receive ready from", .. }),
                 "reset {reset}: {root_err}"
             );
             assert!(
@@ -1088,6 +1205,45 @@ mod tests {
         let peer = rank_2.join().unwrap().unwrap_err();
         assert!(matches!(&peer, TransportError::Rejected { .. }), "{peer}");
         drop(quiet);
+    }
+
+    /// A rank lost after its hello fails the meeting at once, naming it, with no other rank to
+    /// come: the root had noticed only when the last rank joined, or at the meeting's timeout.
+    #[test]
+    fn a_rank_lost_while_others_are_awaited_fails_the_meeting_at_once() {
+        let (listener, root) = bind_root();
+        let started = Instant::now();
+        let root_node =
+            thread::spawn(move || connect_mesh(&config(3, 0, root, Duration::from_secs(60)), Some(listener)));
+        let raw = TcpStream::connect(root).unwrap();
+        let hello =
+            Handshake::Hello { rank: NodeId(1), nprocs: 3, fingerprint: FP.to_owned(), listen_addr: root };
+        (&raw).write_all(&codec::frame(&hello).unwrap()).unwrap();
+        drop(raw);
+        let err = root_node.join().unwrap().unwrap_err();
+        assert!(matches!(err, TransportError::JoinedNodeLost { node: NodeId(1), .. }), "{err}");
+        assert!(err.to_string().starts_with("node 1: watch the connection from"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(30), "took {:?}", started.elapsed());
+    }
+
+    /// Connections that close without a word (a port check) or say nothing are not ranks: they
+    /// neither fail the meeting nor hold up the ranks that come after them.
+    #[test]
+    fn connections_that_say_nothing_neither_fail_nor_hold_up_the_meeting() {
+        let (listener, root) = bind_root();
+        let t = Duration::from_secs(20);
+        let root_node = thread::spawn(move || connect_mesh(&config(3, 0, root, t), Some(listener)));
+        drop(TcpStream::connect(root).unwrap());
+        let silent = TcpStream::connect(root).unwrap();
+        let started = Instant::now();
+        let ranks: Vec<_> =
+            (1..3).map(|r| thread::spawn(move || connect_mesh(&config(3, r, root, t), None))).collect();
+        assert!(root_node.join().unwrap().is_ok());
+        for rank in ranks {
+            assert!(rank.join().unwrap().is_ok());
+        }
+        assert!(started.elapsed() < Duration::from_secs(15), "took {:?}", started.elapsed());
+        drop(silent);
     }
 
     #[test]
