@@ -26,3 +26,23 @@ fn a_node_that_dropped_a_page_fetches_a_whole_copy() {
     run("gc-base-copy", 3, 22).assert_pass("gc-base-copy");
     run("gc-base-copy", 4, 23).assert_pass("gc-base-copy");
 }
+
+/// A program synchronizing with locks alone, each node with a lock of its own (no message goes
+/// out): its consistency data grows until an acquire fails with a typed error naming it, after
+/// warnings at twice the collection threshold and at each doubling; a collection then lets the
+/// node go on.
+#[test]
+fn a_lock_only_program_is_warned_then_stopped_at_its_consistency_limit() {
+    let env = [("TMK_GC_THRESHOLD", "8192"), ("TMK_CONSISTENCY_LIMIT", "98304")];
+    let runs = run_with("lock-only", 2, 24, &env);
+    runs.assert_pass("lock-only");
+    for (backend, out) in runs.iter() {
+        for node in 0..2 {
+            let limit = format!("NODE {node} LIMIT AFTER ");
+            assert!(out.stdout.contains(&limit), "{backend}: node {node} never failed: {out:#?}");
+            let warned = format!("node {node}: warning: consistency data is ");
+            assert!(out.stderr.matches(&warned).count() >= 2, "{backend}: node {node}: {out:#?}");
+        }
+        assert!(out.stdout.contains("over this node's limit of 98304"), "{backend}: {out:#?}");
+    }
+}

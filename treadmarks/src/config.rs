@@ -246,6 +246,39 @@ fn address(name: &'static str, v: &str) -> Result<(SocketAddr, Option<String>), 
     Ok((addr, Some(host.to_string())))
 }
 
+/// The runtime's flags in `args` (`-n`, `--nprocs`, `--rank`, `--root`, each with its value), in
+/// order, and the arguments left for the application.
+fn split_flags(args: Vec<String>) -> Result<(Vec<(String, String)>, Vec<String>), ConfigError> {
+    let (mut flags, mut rest) = (Vec::new(), Vec::new());
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        // Everything after `--` is the application's, `--` included (its own parser may want
+        // it): `prog -n 2 -- -n 1024` leaves it `-- -n 1024`.
+        if a == "--" {
+            rest.push(a);
+            rest.extend(it);
+            break;
+        }
+        let (flag, inline) = match a.split_once('=') {
+            Some((f, v)) if f.starts_with("--") || f == "-n" => (f.to_string(), Some(v.to_string())),
+            // `-n4`, as a short option may be written.
+            _ if a.len() > 2 && a.starts_with("-n") && a[2..].bytes().all(|b| b.is_ascii_digit()) => {
+                ("-n".to_string(), Some(a[2..].to_string()))
+            }
+            _ => (a.clone(), None),
+        };
+        if !matches!(flag.as_str(), "-n" | "--nprocs" | "--rank" | "--root") {
+            rest.push(a);
+            continue;
+        }
+        match inline.or_else(|| it.next()) {
+            Some(value) => flags.push((flag, value)),
+            None => return Err(ConfigError::MissingValue { flag }),
+        }
+    }
+    Ok((flags, rest))
+}
+
 fn num<T: std::str::FromStr>(name: &'static str, v: &str) -> Result<T, ConfigError>
 where
     T::Err: std::fmt::Display,
@@ -410,19 +443,35 @@ impl Config {
         args: Vec<String>,
     ) -> Result<(Config, Vec<String>), ConfigError> {
         let mut c = Config::default();
+        // Set by the launcher in the nodes it spawns (not settings of the user's); the pid alone
+        // is a launcher's that another program started.
+        let spawned = crate::runtime::launch::spawned_by_launcher_in(&var);
+        let (flags, rest) = split_flags(args)?;
+        // A node a launcher spawned was given the launcher's arguments, these flags among them,
+        // and the launcher's settings for them in its environment, which win: its rank, and the
+        // address the launcher listens on where `--root` may name port 0. Elsewhere flags win,
+        // and the variables they override are not read (a bad one refused, a host name looked up).
+        let flags = if spawned { Vec::new() } else { flags };
+        let flagged = |names: &[&str]| flags.iter().any(|(f, _)| names.contains(&f.as_str()));
         // Set and not empty; a value that is not UTF-8 is refused, not taken for unset.
         let env = |k: &'static str| match var(k).map(std::ffi::OsString::into_string) {
             None => Ok(None),
             Some(Ok(v)) => Ok(Some(v).filter(|v| !v.is_empty())),
             Some(Err(v)) => Err(invalid(k, &v.to_string_lossy(), "not UTF-8")),
         };
-        if let Some(v) = env("TMK_NPROCS")? {
+        if !flagged(&["-n", "--nprocs"])
+            && let Some(v) = env("TMK_NPROCS")?
+        {
             c.nprocs = num("TMK_NPROCS", &v)?;
         }
-        if let Some(v) = env("TMK_RANK")? {
+        if !flagged(&["--rank"])
+            && let Some(v) = env("TMK_RANK")?
+        {
             c.role = Role::Member { rank: num("TMK_RANK", &v)? };
         }
-        if let Some(v) = env("TMK_ROOT")? {
+        if !flagged(&["--root"])
+            && let Some(v) = env("TMK_ROOT")?
+        {
             (c.root, c.root_name) = address("TMK_ROOT", &v).map(|(a, n)| (Some(a), n))?;
         }
         if let Some(v) = env("TMK_HEAP_SIZE")? {
@@ -493,41 +542,7 @@ impl Config {
         if let Some(v) = env("TMK_FAULTS")? {
             c.faults = v.parse().map_err(|why: String| invalid("TMK_FAULTS", &v, why))?;
         }
-        // Set by the launcher in the nodes it spawns (not settings of the user's); the pid alone
-        // is a launcher's that another program started.
-        let spawned = crate::runtime::launch::spawned_by_launcher_in(&var);
-        let mut rest = Vec::new();
-        let mut it = args.into_iter();
-        while let Some(a) = it.next() {
-            // Everything after `--` is the application's, `--` included (its own parser may
-            // want it): `prog -n 2 -- -n 1024` leaves it `-- -n 1024`.
-            if a == "--" {
-                rest.push(a);
-                rest.extend(it);
-                break;
-            }
-            let (flag, inline) = match a.split_once('=') {
-                Some((f, v)) if f.starts_with("--") || f == "-n" => (f.to_string(), Some(v.to_string())),
-                // `-n4`, as a short option may be written.
-                _ if a.len() > 2 && a.starts_with("-n") && a[2..].bytes().all(|b| b.is_ascii_digit()) => {
-                    ("-n".to_string(), Some(a[2..].to_string()))
-                }
-                _ => (a.clone(), None),
-            };
-            if !matches!(flag.as_str(), "-n" | "--nprocs" | "--rank" | "--root") {
-                rest.push(a);
-                continue;
-            }
-            let value = match inline.or_else(|| it.next()) {
-                Some(v) => v,
-                None => return Err(ConfigError::MissingValue { flag }),
-            };
-            // A node a launcher spawned was given the launcher's arguments, these flags among
-            // them, and the launcher's settings for them in its environment, which win: its
-            // rank, and the address the launcher listens on where `--root` may name port 0.
-            if spawned {
-                continue;
-            }
+        for (flag, value) in flags {
             match flag.as_str() {
                 "-n" => c.nprocs = num("-n", &value)?,
                 "--nprocs" => c.nprocs = num("--nprocs", &value)?,
@@ -626,7 +641,13 @@ impl Config {
                 MAX_MALLOC_RESERVE as u64,
                 "bytes (1 GiB), backed at startup",
             ),
-            ("TMK_CONNECT_TIMEOUT", self.connect_timeout.as_secs(), MAX_CONNECT_TIMEOUT_S, "s (a day)"),
+            // In whole seconds rounded up, as it is passed to spawned nodes.
+            (
+                "TMK_CONNECT_TIMEOUT",
+                self.connect_timeout.as_secs() + u64::from(self.connect_timeout.subsec_nanos() > 0),
+                MAX_CONNECT_TIMEOUT_S,
+                "s (a day)",
+            ),
             (
                 "TMK_SPIN_US",
                 self.app_spin.as_micros().try_into().unwrap_or(u64::MAX),
@@ -812,6 +833,11 @@ mod tests {
         let c = Config { connect_timeout: Duration::ZERO, ..Config::default() };
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("TMK_CONNECT_TIMEOUT") && e.contains("at least 1 s"), "{e}");
+        // A timeout a launcher accepts, its spawned nodes accept too: it is passed to them in
+        // whole seconds rounded up (86,401 here, which they refused).
+        let c = Config { connect_timeout: Duration::from_millis(86_400_500), ..Config::default() };
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("TMK_CONNECT_TIMEOUT") && e.contains("86401"), "{e}");
     }
 
     /// Settings that are out of range, or would have a thread poll for ever, are refused, each
@@ -920,13 +946,15 @@ mod tests {
     /// port 0 had the nodes call on port 0 until the meeting timed out.
     #[test]
     fn a_spawned_node_takes_the_launchers_variables_over_its_flags() {
+        let parent = nix::unistd::getppid().as_raw().to_string();
         let vars = |spawned: bool| {
+            let parent = parent.clone();
             move |k: &str| {
                 let v = match k {
                     "TMK_RANK" => "2",
                     "TMK_NPROCS" => "4",
                     "TMK_ROOT" => "10.0.0.5:4100",
-                    "TMK_LAUNCHER_PID" if spawned => "1234",
+                    "TMK_LAUNCHER_PID" if spawned => &parent,
                     _ => return None,
                 };
                 Some(std::ffi::OsString::from(v))
@@ -950,6 +978,36 @@ mod tests {
         };
         let (c, _) = Config::from_vars_and_args(launcher, args()).unwrap();
         assert_eq!((c.nprocs, c.role, c.root), (4, Role::Launcher, Some("10.0.0.5:0".parse().unwrap())));
+        // A program a spawned node starts inherits its variables, but the launcher is not its
+        // parent: it is no node of that job, and its flags win.
+        let not_parent = (nix::unistd::getppid().as_raw() + 1).to_string();
+        let inherited = |k: &str| match k {
+            "TMK_LAUNCHER_PID" => Some(std::ffi::OsString::from(&not_parent)),
+            k => vars(true)(k),
+        };
+        let (c, _) = Config::from_vars_and_args(inherited, args()).unwrap();
+        assert_eq!(c.root, Some("10.0.0.5:0".parse().unwrap()));
+    }
+
+    /// Flags win over variables, and a variable a flag overrides is not read: a bad one was
+    /// refused (`TMK_NPROCS=four prog -n 2`), and a stale host name looked up (a name server
+    /// that does not answer stalled the start).
+    #[test]
+    fn a_variable_a_flag_overrides_is_not_read() {
+        let stale = |k: &str| match k {
+            "TMK_NPROCS" => Some(std::ffi::OsString::from("four")),
+            "TMK_RANK" => Some(std::ffi::OsString::from("-1")),
+            "TMK_ROOT" => Some(std::ffi::OsString::from("no-such-host.invalid:7000")),
+            _ => None,
+        };
+        let args = ["-n", "2", "--rank", "1", "--root", "127.0.0.1:9"].map(String::from).to_vec();
+        let (c, _) = Config::from_vars_and_args(stale, args).unwrap();
+        assert_eq!(
+            (c.nprocs, c.role, c.root),
+            (2, Role::Member { rank: 1 }, Some("127.0.0.1:9".parse().unwrap()))
+        );
+        let e = Config::from_vars_and_args(stale, vec!["--rank".into(), "1".into()]).unwrap_err();
+        assert!(e.to_string().contains("TMK_NPROCS"), "without a flag the variable is read: {e}");
     }
 
     /// What a launcher passes its nodes reads back as its own settings, every one of them, the

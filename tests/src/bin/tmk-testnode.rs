@@ -600,6 +600,38 @@ fn errors(tmk: &mut Tmk) -> R {
     tmk.barrier(0)
 }
 
+/// A program that synchronizes with locks alone: each node takes the lock it manages (its token
+/// never leaves it, so no message goes out) and rewrites a page of its own under it, until its
+/// consistency data passes `TMK_CONSISTENCY_LIMIT` and the acquire fails, naming the bytes; it
+/// must have been warned first (the test reads the warning). A collection then lets it go on.
+fn lock_only(tmk: &mut Tmk) -> R {
+    let (me, n) = (tmk.proc_id(), tmk.nprocs());
+    // Rewritten in a later interval, before its diff is asked for, a page is noticed in no new
+    // interval (its diff, when cut, holds both writes): each round writes a page of its own.
+    const PAGES: usize = 2048;
+    let a = shared::<u64>(tmk, n * PAGES * 512)?;
+    let lock = u32::try_from(me).expect("a few nodes");
+    let mut rounds = 0u64;
+    let failed = loop {
+        match tmk.lock(lock) {
+            Ok(guard) => {
+                let page = me * PAGES + rounds as usize;
+                guard.view_mut(&a.slice(page * 512, (page + 1) * 512))?.fill(rounds);
+                rounds += 1;
+                check(rounds < PAGES as u64, || {
+                    format!("node {me}: {PAGES} pages rewritten never reached the limit")
+                })?;
+            }
+            Err(e) => break e,
+        }
+    };
+    let named = matches!(failed, Error::Protocol(treadmarks::ProtocolError::ConsistencyLimit { .. }));
+    check(named, || format!("node {me}: the acquire failed with {failed}"))?;
+    println!("NODE {me} LIMIT AFTER {rounds} ROUNDS: {failed}");
+    tmk.collect()?;
+    tmk.lock(lock).map(drop)
+}
+
 /// A long iterative kernel (thousands of barriers) under a small collection threshold: every
 /// node collects, its consistency data stays bounded, and the result equals the sequential one.
 fn gc_long(tmk: &mut Tmk) -> R {
@@ -860,6 +892,7 @@ fn main() -> ExitCode {
             "fault-in-eprintln" => fault_in_eprintln(&mut tmk),
             "errors" => errors(&mut tmk),
             "gc-long" => gc_long(&mut tmk),
+            "lock-only" => lock_only(&mut tmk),
             "reply-then-fault" => reply_then_fault(&mut tmk),
             "serve-while-writing" => serve_while_writing(&mut tmk),
             "gc-counter" => gc_counter(&mut tmk),

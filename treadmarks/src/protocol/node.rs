@@ -331,6 +331,11 @@ impl<M: PageMemory> Node<M> {
         !self.outbox.is_empty()
     }
 
+    /// Whether a warning waits for [`Node::poll_warning`].
+    pub fn has_warning(&self) -> bool {
+        !self.warnings.is_empty()
+    }
+
     /// A warning for the user (e.g. consistency data over the threshold with no barrier).
     pub fn poll_warning(&mut self) -> Option<String> {
         self.warnings.pop_front()

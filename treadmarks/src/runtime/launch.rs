@@ -201,18 +201,22 @@ pub(crate) fn claimed_cpus() -> Option<Vec<usize>> {
     list.split(',').map(|c| c.trim().parse().ok()).collect()
 }
 
-/// True in a node a launcher spawned on its own machine: told the launcher's pid and its rank.
-/// A launcher that another program started and told its pid (`TMK_LAUNCHER_PID` alone, to die
-/// with it: the core bench's re-executed 4-node launcher) is not one.
+/// True in a node a launcher spawned on its own machine: told its rank and the launcher's pid,
+/// which is its parent's. A launcher that another program started and told its pid
+/// (`TMK_LAUNCHER_PID` alone, to die with it: the core bench's re-executed 4-node launcher) is
+/// not one, nor is a program a node starts (it inherits the node's environment: it took itself
+/// for a node of the job, and waited out the meeting's timeout to join one long over).
 pub(crate) fn spawned_by_launcher() -> bool {
     spawned_by_launcher_in(|k| std::env::var_os(k))
 }
 
 /// [`spawned_by_launcher`] in the environment `var` gives (the configuration reads its own):
-/// both variables set and not empty, as the configuration reads settings.
+/// both variables set and not empty, as the configuration reads settings, and the pid this
+/// process's parent's.
 pub(crate) fn spawned_by_launcher_in(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> bool {
     let set = |k: &str| var(k).is_some_and(|v| !v.is_empty());
-    set("TMK_LAUNCHER_PID") && set("TMK_RANK")
+    let parent = nix::unistd::getppid().as_raw().to_string();
+    set("TMK_RANK") && var("TMK_LAUNCHER_PID").is_some_and(|pid| pid.to_str() == Some(parent.as_str()))
 }
 
 /// In a node spawned by a launcher (node `me`): die with the launcher, even if it is killed,

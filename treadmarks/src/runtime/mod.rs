@@ -214,7 +214,9 @@ impl Engine {
     }
 
     /// Runs `op` on the node on the application thread (an operation that needs no message),
-    /// then rings the service thread if `op` queued a message (a grant, say). A panic in there (a
+    /// then rings the service thread if `op` queued a message (a grant, say) or a warning (which
+    /// had waited for the service thread's next wake-up: an acquire of a lock whose token is here
+    /// queues no message). A panic in there (a
     /// broken invariant, or a protection change the kernel refused) ends the process, as one on
     /// the service thread does: unwinding would leave the node's lock poisoned under a job that
     /// the other nodes would wait on.
@@ -228,7 +230,8 @@ impl Engine {
         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mut node = lock_node(heap, node);
             let out = op(&mut node);
-            (out, node.has_transmit())
+            // A warning (consistency data past its threshold) is printed by the service thread.
+            (out, node.has_transmit() || node.has_warning())
         }));
         match ran {
             Ok((out, queued)) => {
