@@ -246,9 +246,11 @@ fn address(name: &'static str, v: &str) -> Result<(SocketAddr, Option<String>), 
     Ok((addr, Some(host.to_string())))
 }
 
-/// The runtime's flags in `args` (`-n`, `--nprocs`, `--rank`, `--root`, each with its value), in
-/// order, and the arguments left for the application.
-fn split_flags(args: Vec<String>) -> Result<(Vec<(String, String)>, Vec<String>), ConfigError> {
+/// A runtime flag (`-n`, `--nprocs`, `--rank` or `--root`) and its value.
+type Flag = (String, String);
+
+/// The runtime's flags in `args`, in order, and the arguments left for the application.
+fn split_flags(args: Vec<String>) -> Result<(Vec<Flag>, Vec<String>), ConfigError> {
     let (mut flags, mut rest) = (Vec::new(), Vec::new());
     let mut it = args.into_iter();
     while let Some(a) = it.next() {
