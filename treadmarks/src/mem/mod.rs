@@ -148,7 +148,7 @@
 //! - A `READ_ONLY` page can become writable at any instant through the fast path, so a slice
 //!   from `page()`/`twin()` of a `Read` page may observe concurrent application stores. To read a
 //!   page stably, revoke to `None` or freeze it first; to copy a page the application may be
-//!   writing, use `snapshot` (volatile word loads, no reference to the bytes).
+//!   writing, use `snapshot` (atomic word loads, no reference to the bytes).
 //! - The service thread must tolerate a slow-path fault for a page that is valid by the time it
 //!   looks (just call `fault_resolved`), and must always wake the application thread eventually: it
 //!   is blocked inside a signal handler.

@@ -421,14 +421,21 @@ impl PageMemory for HeapPages {
             state::name(s)
         );
         // The application may store to the page while we read it, so no reference to its bytes
-        // is made: each aligned word is read once with a volatile load (on x86-64 and aarch64
-        // an aligned word's load is never torn), and a byte written meanwhile reads as its old
-        // or its new value, which is all the caller needs (see `PageMemory::snapshot`).
+        // is made: each aligned word is read once with an atomic load, which the compiler may
+        // neither split nor merge into wider or vector loads (a volatile read promised neither),
+        // so a word written meanwhile reads whole, as its old or its new value, which is all the
+        // caller needs (see `PageMemory::snapshot`). The application's stores are plain ones,
+        // through its own mapping of the same memory: that race is outside Rust's memory model
+        // whatever load is used; what it needs, one untorn load instruction a word, an
+        // atomic load gives (a relaxed one is a plain `mov` / `ldr` on x86-64 and aarch64).
         let words = self.0.runtime_page(i).cast::<u64>();
         for (k, chunk) in out.chunks_exact_mut(8).enumerate() {
             // SAFETY: word `k` of one page of the runtime view (`k < page_size / 8`), live while
-            // `self.0` is, and aligned (pages are); a volatile read of mapped memory.
-            let word = unsafe { words.add(k).read_volatile() };
+            // `self.0` is, and aligned to 8 (pages are), as `AtomicU64` requires; nothing in
+            // this process accesses the runtime view's word non-atomically meanwhile (the
+            // application stores through its own view, see above).
+            let word = unsafe { std::sync::atomic::AtomicU64::from_ptr(words.add(k)) }
+                .load(std::sync::atomic::Ordering::Relaxed);
             chunk.copy_from_slice(&word.to_ne_bytes());
         }
     }
