@@ -33,7 +33,8 @@
 //!   [`CloseCause::Malformed`], never a panic (a payload buffer is allocated at the announced
 //!   size, so one frame costs at most 64 MiB);
 //! - a reader holds at most [`UNTAKEN_LIMIT`] bytes of frames the event receiver has not taken
-//!   (dropped the [`LinkEvent`] of), or one frame if that is larger: past it, it reads no more
+//!   (dropped the [`LinkEvent`] of), each counted as at least `FRAME_COST`, or one frame if that
+//!   is larger: past it, it reads no more
 //!   until events are taken, and the peer's writes wait in TCP. So a peer sending faster than
 //!   this node handles its frames costs bounded memory. It cannot deadlock: the receiver takes
 //!   events without waiting for any link, and no send waits for the socket (the writers'
@@ -83,6 +84,10 @@ const COALESCE_LIMIT: usize = 256 << 10;
 /// Bytes of frames one peer's reader may hold that the event receiver has not taken yet.
 pub const UNTAKEN_LIMIT: usize = 128 << 20;
 
+/// What a frame held for the event receiver costs at least, in memory, whatever its size: its
+/// payload's allocation and its event in the channel (~85 bytes for a 1-byte payload).
+const FRAME_COST: usize = 128;
+
 /// Capacity of a reader's buffer: many small frames are read with one syscall.
 const READ_BUFFER: usize = 64 << 10;
 
@@ -105,8 +110,9 @@ const RESERVED_BUFFERS: usize = 8;
 /// pages (256 pages of 4 KiB) and its framing.
 const RESERVED_BUFFER: usize = 1152 << 10;
 
-/// Spare frame buffers, shared by the links' tasks and their owner (all on one thread, so the
-/// lock is never contended).
+/// Spare frame buffers, shared by the links' tasks and their owner (on the service thread) and
+/// by the application thread, which returns a buffer when it drops the last diff decoded from
+/// it (a push validated on the node itself): the lock is rarely contended.
 #[derive(Debug, Default)]
 struct BufferPool {
     bufs: std::sync::Mutex<Vec<Vec<u8>>>,
@@ -719,8 +725,9 @@ async fn read_loop(
             Err(err) => break CloseCause::Malformed(err),
         };
         // Before the payload is read (and its buffer allocated): wait while the frames not taken
-        // hold the budget.
-        let share = u32::try_from((HEADER_LEN + len).min(limit)).unwrap_or(u32::MAX);
+        // hold the budget. A frame costs at least `FRAME_COST` whatever its size (its event and
+        // buffer), so that a peer flooding 1-byte frames is bounded by memory too.
+        let share = u32::try_from((HEADER_LEN + len).max(FRAME_COST).min(limit)).unwrap_or(u32::MAX);
         let Ok(permit) = Arc::clone(&untaken).acquire_many_owned(share).await else {
             unreachable!("the reader's semaphore is never closed")
         };

@@ -58,6 +58,9 @@ const ROOT: NodeId = NodeId(0);
 /// How long the root waits to deliver a `Reject` to a peer before it gives up on it.
 const REJECT_WRITE_TIMEOUT: Duration = Duration::from_millis(200);
 
+/// Most characters of a peer's configuration fingerprint that an error shows (ours is ~80).
+const FINGERPRINT_SHOWN: usize = 200;
+
 /// Sleep between polls of a nonblocking listener.
 const ACCEPT_POLL: Duration = Duration::from_millis(1);
 
@@ -466,11 +469,12 @@ fn check_hello(
         return Err(TransportError::NprocsMismatch { node: rank, ours: cfg.nprocs, theirs: nprocs });
     }
     if fingerprint != cfg.fingerprint {
-        return Err(TransportError::ConfigMismatch {
-            node: rank,
-            ours: cfg.fingerprint.clone(),
-            theirs: fingerprint,
-        });
+        // Told to every node and printed: a peer's up to 64 MiB is cut to what a reader needs.
+        let theirs = match fingerprint.char_indices().nth(FINGERPRINT_SHOWN) {
+            Some((cut, _)) => format!("{}...", &fingerprint[..cut]),
+            None => fingerprint,
+        };
+        return Err(TransportError::ConfigMismatch { node: rank, ours: cfg.fingerprint.clone(), theirs });
     }
     if rank == ROOT || rank.0 >= cfg.nprocs {
         return Err(TransportError::RankOutOfRange {
@@ -1033,6 +1037,13 @@ mod tests {
             }
             other => panic!("peer: {other}"),
         }
+        // A peer's fingerprint is shown cut to its first 200 characters, not whole.
+        let (listener, root) = bind_root();
+        let mut huge = config(2, 1, root, Duration::from_secs(10));
+        huge.fingerprint = "é".repeat(1 << 20);
+        let mut results = meet(listener, vec![config(2, 0, root, Duration::from_secs(10)), huge]);
+        let TransportError::ConfigMismatch { theirs, .. } = results.remove(0).unwrap_err() else { panic!() };
+        assert_eq!(theirs, format!("{}...", "é".repeat(200)));
     }
 
     #[test]
