@@ -358,6 +358,10 @@ fn nodes_with_different_configurations_refuse_to_meet() {
                 .env("TMK_HEAP_BASE", heap_base(10 + rank))
                 .env("TMK_LOCKS", if rank == 0 { "1024" } else { "512" })
                 .env("TMK_CONNECT_TIMEOUT", "10");
+            if rank == 1 {
+                // A typo in a node's own environment is named by that node, not only by node 0.
+                cmd.env("TMK_PUSH_SKP", "0");
+            }
             Job::spawn(cmd)
         });
         let (rank0, rank1) = (jobs.next().unwrap(), jobs.next().unwrap());
@@ -368,7 +372,10 @@ fn nodes_with_different_configurations_refuse_to_meet() {
             eprintln!("attempt {attempt}: port {port} was taken; again");
             continue;
         }
-        for out in [out, rank1.wait(Duration::from_secs(30))] {
+        let out1 = rank1.wait(Duration::from_secs(30));
+        let typo = "TMK_PUSH_SKP is not a setting, and is ignored (did you mean TMK_PUSH_SKIP?)";
+        assert!(out1.stderr.contains(typo), "{out1:#?}");
+        for out in [out, out1] {
             assert_ne!(out.code, Some(0), "{out:#?}");
             assert!(out.stderr.contains("locks=512") || out.stderr.contains("rejected"), "{out:#?}");
         }

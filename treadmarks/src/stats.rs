@@ -77,7 +77,9 @@ pub struct Stats {
     pub lock_wait: Duration,
     /// Time the application spent in barriers.
     pub barrier_wait: Duration,
-    /// Time the application spent in access misses (faults on invalid pages).
+    /// Time the application spent in faults handed to the service thread (access misses on
+    /// invalid pages, and the rare write to a page frozen meanwhile), from when the service
+    /// thread takes each: waking it is not counted.
     pub miss_wait: Duration,
     /// Time the application spent in view validations (batched fetches of a view's pages).
     pub view_wait: Duration,

@@ -174,7 +174,8 @@ impl Tmk {
             Role::Member { rank } => NodeId(rank),
         };
         launch::follow_launcher(me);
-        if me == NodeId(0) {
+        // Every node started by hand reads its own environment; a spawned node, the launcher's.
+        if me == NodeId(0) || !launch::spawned_by_launcher() {
             let names: Vec<String> = std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()).collect();
             for warning in crate::config::unknown_settings(names.iter().map(String::as_str)) {
                 crate::report(&format!("treadmarks: warning: {warning}"));

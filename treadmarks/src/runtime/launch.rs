@@ -111,7 +111,9 @@ impl Children {
     /// `pin`: the launcher's decision to pin the job's nodes, passed on as `TMK_PIN`, and the
     /// CPUs it claimed for them, if it did (`TMK_LAUNCHER_CPUS`, read by [`claimed_cpus`]).
     pub fn spawn(config: &Config, root: SocketAddr, pin: bool, cpus: Option<&[usize]>) -> Result<Children> {
-        let exe = std::env::current_exe().map_err(|source| Error::Spawn { node: NodeId(1), source })?;
+        let exe = std::env::current_exe().map_err(|e| {
+            Error::Failed(format!("cannot find this program to start nodes 1..{}: {e}", config.nprocs))
+        })?;
         let mut children = Children::default();
         let cpus = cpus.map(|c| c.iter().map(usize::to_string).collect::<Vec<_>>().join(","));
         let nprocs = config.nprocs;
