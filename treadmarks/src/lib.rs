@@ -67,17 +67,60 @@ pub use stats::Stats;
 pub use tmk::{LockGuard, Tmk};
 pub use transport::TransportError;
 
-/// Writes `text` to standard error with one `write(2)`, so that lines from the several node
-/// processes of a job that share one terminal or pipe never interleave mid-line (a pipe keeps
-/// writes of up to 4 KiB whole). It never takes the standard library's lock on standard error:
-/// the service thread reports a failure while the application thread may hold that lock,
-/// blocked in a page fault inside an `eprintln!` whose arguments read shared memory; waiting for
-/// it, the node would hang instead of exiting.
+/// Writes `text` to standard error with one `write(2)` (or, past [`REPORT_WRITE`] bytes, one a
+/// block of whole lines), so that lines from the several node processes of a job that share one
+/// terminal or pipe never interleave mid-line (a pipe keeps writes of up to 4 KiB whole; a
+/// node's statistics table of a job with many peers is longer). It never takes the standard
+/// library's lock on standard error: the service thread reports a failure while the application
+/// thread may hold that lock, blocked in a page fault inside an `eprintln!` whose arguments read
+/// shared memory; waiting for it, the node would hang instead of exiting.
 pub fn report(text: &str) {
     let mut buf = String::with_capacity(text.len() + 1);
     buf.push_str(text);
     if !buf.ends_with('\n') {
         buf.push('\n');
     }
-    mem::write_stderr(buf.as_bytes());
+    for block in line_blocks(&buf, REPORT_WRITE) {
+        mem::write_stderr(block.as_bytes());
+    }
+}
+
+/// Most bytes [`report`] writes at once: what a pipe keeps whole (`PIPE_BUF`).
+const REPORT_WRITE: usize = 4096;
+
+/// `text` cut into blocks of whole lines of at most `most` bytes each (a longer line alone).
+fn line_blocks(text: &str, most: usize) -> Vec<&str> {
+    let mut blocks = Vec::new();
+    let (mut start, mut end) = (0, 0);
+    for (i, _) in text.match_indices('\n') {
+        if i + 1 - start > most && end > start {
+            blocks.push(&text[start..end]);
+            start = end;
+        }
+        end = i + 1;
+    }
+    if end > start {
+        blocks.push(&text[start..end]);
+    }
+    if end < text.len() {
+        blocks.push(&text[end..]);
+    }
+    blocks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::line_blocks;
+
+    #[test]
+    fn reports_are_written_in_blocks_of_whole_lines() {
+        assert_eq!(line_blocks("a\nbb\nccc\n", 5), ["a\nbb\n", "ccc\n"]);
+        assert_eq!(line_blocks("a\nbb\nccc\n", 100), ["a\nbb\nccc\n"]);
+        // A line longer than a block goes alone, whole.
+        assert_eq!(line_blocks("a\n0123456789\nb\n", 4), ["a\n", "0123456789\n", "b\n"]);
+        let table: String = (0..200).map(|i| format!("row {i:3} {}\n", "x".repeat(60))).collect();
+        let blocks = line_blocks(&table, 4096);
+        assert!(blocks.iter().all(|b| b.len() <= 4096 && b.ends_with('\n')), "{blocks:?}");
+        assert_eq!(blocks.concat(), table);
+    }
 }

@@ -33,12 +33,12 @@
 //!   [`CloseCause::Malformed`], never a panic (a payload buffer is allocated at the announced
 //!   size, so one frame costs at most 64 MiB);
 //! - a reader holds at most [`UNTAKEN_LIMIT`] bytes of frames the event receiver has not taken
-//!   (dropped the [`LinkEvent`] of), each counted as at least `FRAME_COST`, or one frame if that
-//!   is larger: past it, it reads no more
-//!   until events are taken, and the peer's writes wait in TCP. So a peer sending faster than
-//!   this node handles its frames costs bounded memory. It cannot deadlock: the receiver takes
-//!   events without waiting for any link, and no send waits for the socket (the writers'
-//!   queues take what it does not);
+//!   (dropped the [`LinkEvent`] of), each counted as at least `FRAME_COST`, or one frame if that is
+//!   larger: past it, it reads no more until events are taken, and the peer's writes wait in TCP.
+//!   So a peer sending faster than this node handles its frames costs bounded memory. It cannot
+//!   deadlock: the receiver takes events without waiting for any link, and no send waits for the
+//!   socket (the writers' queues take what it does not); only at the end, flushing its links before
+//!   it drains their events, does a node wait for its writers, bounded by [`FLUSH_TIMEOUT`];
 //! - counters count data frames and their bytes (header included); the goodbye frame is not
 //!   counted.
 //!
