@@ -33,7 +33,12 @@ const _: () = assert!(TWIN_AHEAD_MIN_PAGES > 1);
 /// # The rules
 /// - One application thread per node touches the shared heap: the thread that called
 ///   [`Tmk::startup`]. A fault from any other thread aborts the process with a message.
-///   (Threads inside a node come later.)
+///   (Threads inside a node come later.) A write from another thread to a page already
+///   writable takes no fault, and nothing stops it: a view's slice is `Send`, so safe code can
+///   hand it to a scoped thread. Don't: while the application thread waits in a call, the
+///   runtime takes a writable page to be still (it cuts its diff and copies its twin without
+///   freezing it), and a store landing between the two is lost to every other node.
+///   This is the one rule of these the compiler does not enforce.
 /// - Views ([`Tmk::view`], [`Tmk::view_mut`], and [`Tmk::view_parts`] /
 ///   [`Tmk::view_mut_parts`], which declare only parts of an array) borrow the `Tmk` immutably,
 ///   and every synchronization call (`lock`, `lock_release`, `barrier`, `collect`, `exit`) takes it

@@ -217,6 +217,10 @@ impl<T> Drop for View<'_, T> {
 }
 
 /// A mutable view of a shared array; ends before the next synchronization call.
+///
+/// Its slice belongs to the application thread: written from another thread (a scoped one,
+/// which the compiler allows), a store to a page already writable may be lost to the other
+/// nodes (see the rules under `Tmk`).
 #[derive(Debug)]
 pub struct ViewMut<'a, T> {
     slice: &'a mut [T],
