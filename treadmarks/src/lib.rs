@@ -67,13 +67,13 @@ pub use stats::Stats;
 pub use tmk::{LockGuard, Tmk};
 pub use transport::TransportError;
 
-/// Writes `text` to standard error with one `write(2)` (or, past [`REPORT_WRITE`] bytes, one a
-/// block of whole lines), so that lines from the several node processes of a job that share one
-/// terminal or pipe never interleave mid-line (a pipe keeps writes of up to 4 KiB whole; a
-/// node's statistics table of a job with many peers is longer). It never takes the standard
-/// library's lock on standard error: the service thread reports a failure while the application
-/// thread may hold that lock, blocked in a page fault inside an `eprintln!` whose arguments read
-/// shared memory; waiting for it, the node would hang instead of exiting.
+/// Writes `text` to standard error with one `write(2)` (or, past 4 KiB, one a block of whole
+/// lines), so that lines from the several node processes of a job that share one terminal or pipe
+/// never interleave mid-line (a pipe keeps writes of up to 4 KiB whole; a node's statistics table
+/// of a job with many peers is longer). It never takes the standard library's lock on standard
+/// error: the service thread reports a failure while the application thread may hold that lock,
+/// blocked in a page fault inside an `eprintln!` whose arguments read shared memory; waiting for
+/// it, the node would hang instead of exiting.
 pub fn report(text: &str) {
     let mut buf = String::with_capacity(text.len() + 1);
     buf.push_str(text);
