@@ -82,10 +82,20 @@ impl<T> Shared<[T]> {
     /// bounds. Parts of a view given as ranges ([`crate::Tmk::view_parts`]) are checked instead,
     /// a typed error ([`ViewError::PartOutOfBounds`]).
     pub fn slice(&self, start: usize, end: usize) -> Shared<[T]> {
-        assert!(start <= end && end <= self.len(), "slice {start}..{end} of a {}-element array", self.len);
+        match self.try_slice(start, end) {
+            Some(part) => part,
+            None => panic!("slice {start}..{end} of a {}-element array", self.len),
+        }
+    }
+
+    /// [`Shared::slice`], or `None` where it would panic (bounds computed from data).
+    pub fn try_slice(&self, start: usize, end: usize) -> Option<Shared<[T]>> {
+        if start > end || end > self.len() {
+            return None;
+        }
         let offset =
             (start as u64).checked_mul(size_of::<T>() as u64).and_then(|b| self.offset.checked_add(b));
-        Shared::from_raw_parts(offset.unwrap_or(u64::MAX), (end - start) as u64)
+        Some(Shared::from_raw_parts(offset.unwrap_or(u64::MAX), (end - start) as u64))
     }
 }
 
@@ -245,5 +255,25 @@ impl<T> DerefMut for ViewMut<'_, T> {
 impl<T> Drop for ViewMut<'_, T> {
     fn drop(&mut self) {
         self.tracker.leave(self.start, self.end, true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Shared;
+
+    /// Bounds computed from data can be checked without a panic; in bounds, both agree.
+    #[test]
+    fn a_slice_out_of_bounds_is_none_or_a_panic_naming_it() {
+        let a = Shared::<[u32]>::from_raw_parts(4096, 10);
+        assert_eq!(a.try_slice(2, 5).map(|s| (s.offset(), s.len())), Some((4096 + 8, 3)));
+        assert_eq!(a.try_slice(2, 5).map(|s| s.offset()), Some(a.slice(2, 5).offset()));
+        assert!(a.try_slice(5, 2).is_none() && a.try_slice(0, 11).is_none());
+        assert!(a.try_slice(10, 10).is_some_and(|s| s.is_empty()));
+        let panic = std::panic::catch_unwind(|| a.slice(0, 11)).expect_err("out of bounds");
+        assert_eq!(
+            panic.downcast_ref::<String>().map(String::as_str),
+            Some("slice 0..11 of a 10-element array")
+        );
     }
 }
