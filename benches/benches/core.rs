@@ -44,13 +44,23 @@ fn params(nprocs: u16, full: bool) -> Result<Params> {
     })
 }
 
+/// Starts this node with `config` and returns it with its service thread's polling budget
+/// ([`job::service_spin`]).
+fn start(config: Config) -> Result<(Tmk, Duration)> {
+    // Before the startup pins this thread to one CPU.
+    let allowed_cpus = treadmarks::mem::sched::allowed_cpus();
+    let mut tmk = Tmk::startup_with(config.clone(), vec![])?;
+    let spin = job::service_spin(&config, allowed_cpus, tmk.stats()?.pinned);
+    Ok((tmk, spin))
+}
+
 /// Runs an `nprocs`-node job with this process as node 0 (the launcher).
 fn launch(nprocs: u16, full: bool) -> Result<JobReport> {
     let p = params(nprocs, full)?;
     // The environment's settings, which the launcher passes its nodes.
     let (config, _) = Config::from_env_and_args(vec![])?;
-    let mut tmk = Tmk::startup_with(Config { nprocs, ..config }, vec![])?;
-    let report = job::run(&mut tmk, p)?.ok_or("node 0 got no report")?;
+    let (mut tmk, spin) = start(Config { nprocs, ..config })?;
+    let report = job::run(&mut tmk, p, spin)?.ok_or("node 0 got no report")?;
     tmk.exit()?;
     Ok(report)
 }
@@ -58,8 +68,8 @@ fn launch(nprocs: u16, full: bool) -> Result<JobReport> {
 /// A node spawned by a launcher: configuration from the environment it was given.
 fn node() -> Result<()> {
     let (config, _) = Config::from_env_and_args(vec![])?;
-    let mut tmk = Tmk::startup_with(config, vec![])?;
-    job::run(&mut tmk, Params::default())?;
+    let (mut tmk, spin) = start(config)?;
+    job::run(&mut tmk, Params::default(), spin)?;
     tmk.exit()?;
     Ok(())
 }

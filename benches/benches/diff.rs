@@ -15,7 +15,10 @@
 //! - **sparse**: 1 word in 64 rewritten (a few fields of a structure).
 //!
 //! Each figure is reported beside a copy of the same pages (`copy_from_slice`, timed in the
-//! same run), so the ratio says what diffing costs over the least any transfer must do. Without
+//! same run), so the ratio says what diffing costs over the least any transfer must do. Applying
+//! needs a fresh twin each time: a round copies the twins into a scratch page and applies the
+//! diffs to it, right after a round of the copy alone; `apply` is the median of the rounds'
+//! differences (negative when the apply is below the copy's noise). Without
 //! `--bench` (e.g. under `cargo test --benches`) it runs fewer rounds, as a smoke run. Timings
 //! are reported, never asserted.
 
@@ -82,19 +85,19 @@ fn pages(kind: &str, rng: &mut Rng) -> Vec<(Vec<u8>, Vec<u8>)> {
         .collect()
 }
 
-/// Nanoseconds per page of `f` over every pair, the median of `rounds` rounds.
-fn per_page(rounds: usize, set: &[(Vec<u8>, Vec<u8>)], mut f: impl FnMut(&[u8], &[u8])) -> f64 {
-    let mut times: Vec<f64> = (0..rounds)
-        .map(|_| {
-            let t = Instant::now();
-            for (twin, page) in set {
-                f(twin, page);
-            }
-            t.elapsed().as_secs_f64() * 1e9 / set.len() as f64
-        })
-        .collect();
-    times.sort_by(f64::total_cmp);
-    times[times.len() / 2]
+/// Nanoseconds per page of one round of `f` over every pair (`f` is given the pair's index).
+fn round(set: &[(Vec<u8>, Vec<u8>)], mut f: impl FnMut(usize, &[u8], &[u8])) -> f64 {
+    let t = Instant::now();
+    for (k, (twin, page)) in set.iter().enumerate() {
+        f(k, twin, page);
+    }
+    t.elapsed().as_secs_f64() * 1e9 / set.len() as f64
+}
+
+/// The median of `xs` (the upper one of an even count).
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
 }
 
 fn main() -> ExitCode {
@@ -120,21 +123,30 @@ fn main() -> ExitCode {
         }
         let bytes = diffs.iter().map(Diff::encoded_len).sum::<usize>() / PAGES;
         let mut scratch = vec![0u8; PAGE];
-        let copy = per_page(rounds, &set, |_, page| {
-            scratch.copy_from_slice(page);
-            black_box(&scratch);
-        });
-        let make = per_page(rounds, &set, |twin, page| {
-            black_box(Diff::make(twin, page));
-        });
-        let mut k = 0;
-        let apply = per_page(rounds, &set, |twin, _| {
-            scratch.copy_from_slice(twin);
-            let _ = black_box(diffs[k % PAGES].apply(&mut scratch));
-            k += 1;
-        });
-        // The apply loop copies the twin in first: that copy is not the diff's.
-        let apply = (apply - copy).max(0.0);
+        let (mut copies, mut applies) = (Vec::with_capacity(rounds), Vec::with_capacity(rounds));
+        for _ in 0..rounds {
+            let copy = round(&set, |_, _, page| {
+                scratch.copy_from_slice(page);
+                black_box(&scratch);
+            });
+            let copy_apply = round(&set, |k, twin, _| {
+                scratch.copy_from_slice(twin);
+                let _ = black_box(diffs[k].apply(&mut scratch));
+            });
+            // The apply round copies the twin in first: that copy is not the diff's.
+            copies.push(copy);
+            applies.push(copy_apply - copy);
+        }
+        let (copy, apply) = (median(copies), median(applies));
+        let make = median(
+            (0..rounds)
+                .map(|_| {
+                    round(&set, |_, twin, page| {
+                        black_box(Diff::make(twin, page));
+                    })
+                })
+                .collect(),
+        );
         println!(
             "{kind:<9} {bytes:>8} {copy:>7.0} {make:>7.0} {apply:>7.0} {:>11.2} {:>12.2}",
             make / copy,

@@ -8,8 +8,12 @@ use treadmarks::mem::{Heap, HeapLayout, probe};
 
 /// Where the twin-fault heap lives: clear of a job's heap (default `0x6000_0000_0000`).
 pub const TWIN_HEAP_BASE: usize = 0x5800_0000_0000;
-/// Size of the twin-fault heap.
-pub const TWIN_HEAP_SIZE: usize = 64 << 20;
+
+/// Size of the twin-fault heap for `pages` pages of `page` bytes: twice the pages probed, so a
+/// kernel's larger pages (64 KiB on some arm64 systems) get a heap of their own size.
+pub fn twin_heap_size(pages: usize, page: usize) -> usize {
+    2 * pages * page
+}
 
 /// Fault costs of this process.
 #[derive(Clone, Copy, Debug)]
@@ -40,12 +44,13 @@ pub fn bare_fault(pages: usize, rounds: usize) -> Result<Summary> {
 }
 
 /// Write faults through the treadmarks fault handler's fast path (twin and unprotect in the
-/// handler), on `pages` pages of a heap of its own at [`TWIN_HEAP_BASE`]
+/// handler), on `pages` pages of a heap of its own at [`TWIN_HEAP_BASE`] ([`twin_heap_size`])
 /// (`treadmarks::mem::probe::twin_fault_times`): `rounds` warm passes timed as a whole (the
 /// mean), one more write by write (the median), and the first pass over never-written pages
 /// (zero twins). Returns the warm and the first pass's figures.
 pub fn twin_fault(pages: usize, rounds: usize) -> Result<(Summary, Summary)> {
-    let t = probe::twin_fault_times(TWIN_HEAP_BASE, TWIN_HEAP_SIZE, pages, rounds)?;
+    let size = twin_heap_size(pages, page_size()?);
+    let t = probe::twin_fault_times(TWIN_HEAP_BASE, size, pages, rounds)?;
     let per = |d: Duration, n: usize| d.as_secs_f64() * 1e6 / n as f64;
     let warm: Duration = t.warm.iter().sum();
     Ok((

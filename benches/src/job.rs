@@ -5,12 +5,18 @@
 //! | figure | what node 0 times |
 //! |---|---|
 //! | `raw_rtt` | 64-byte write + 64-byte read over a plain blocking TCP socket to an echo thread of node 1 |
-//! | `raw_rtt_polled` | the same over a second socket, both ends polling it as the runtime polls its own (node 0 spins while it waits; node 1's echo thread spins for [`POLL_BUDGET`] after each message, then blocks) |
+//! | `raw_rtt_polled` | the same over a second socket, both ends polling it as the runtime polls its own (node 0 spins while it waits; node 1's echo thread spins for node 1's service-thread budget, [`service_spin`], after each message, then blocks) |
 //! | `ping` | `tmk.ping(1)`: app thread → runtime → node 1's runtime → back |
 //! | `lock` | `lock_acquire(1)` with the token at node 1, lock 1's manager (1 request, 1 grant) |
 //! | `barrier` | `barrier(0)`, back to back |
 //! | `diff_miss` | the first read of a page node 1 wrote before the last barrier (1 diff fetched) |
 //! | `local_lock` | `lock_acquire(0)` + `lock_release(0)` with the token at node 0, per pair (batches of [`LOCAL_BATCH`]) |
+//!
+//! Node 1 tells node 0 its budget over the polled socket once connected. At the start of every
+//! round node 0 waits out that budget before the raw round trips: node 1's application goes
+//! straight into a barrier, where its service thread polls for the budget on node 1's CPU, which
+//! the echo threads share (they inherit the application thread's pinning), so a first round trip
+//! sent at once would wait for the poll to end.
 
 use crate::Result;
 use crate::summary::Summary;
@@ -19,7 +25,7 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 use treadmarks::protocol::MsgKind;
-use treadmarks::{Shared, Stats, Tmk};
+use treadmarks::{Config, Shared, Stats, Tmk};
 
 /// The lock of the `lock` figure: its manager is node `1 % nprocs` = node 1.
 pub const LOCK: u32 = 1;
@@ -31,11 +37,25 @@ const BARRIER: u32 = 0;
 const RAW_MSG: usize = 64;
 /// Bound on any single blocking socket operation of the raw round trip (and on node 1's connect).
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long the polling echo thread spins for the next message before it blocks: the runtime's
-/// service thread's budget (`TMK_SERVICE_SPIN_US`).
-pub const POLL_BUDGET: Duration = treadmarks::config::DEFAULT_SERVICE_SPIN;
 /// How long node 0 pauses before a "settled" measurement (see [`JobReport::lock_settled`]).
 pub const SETTLE: Duration = Duration::from_micros(300);
+
+/// How long this node's service thread polls its sockets while the application waits, as its
+/// runtime resolved it: `TMK_SERVICE_SPIN_US` if set, else
+/// [`DEFAULT_SERVICE_SPIN`](treadmarks::config::DEFAULT_SERVICE_SPIN) when the node is pinned
+/// and the job has no more nodes than the CPUs the process could run on before it was pinned,
+/// else none. `Tmk` does not say what it resolved, so this works it out the same way as
+/// `Tmk::startup_with` (`treadmarks/src/tmk.rs`, `service_spin`), from the node's configuration,
+/// `allowed_cpus` taken before the startup (which pins the thread to one) and
+/// [`Stats::pinned`] after it.
+pub fn service_spin(config: &Config, allowed_cpus: usize, pinned: bool) -> Duration {
+    let own_cpu = pinned && usize::from(config.nprocs) <= allowed_cpus;
+    config.service_spin.unwrap_or(if own_cpu {
+        treadmarks::config::DEFAULT_SERVICE_SPIN
+    } else {
+        Duration::ZERO
+    })
+}
 
 /// Iteration counts (fixed, no adaptive loops) and the page size. Node 0's are distributed, so
 /// the other nodes may pass anything. The figures are measured in `rounds` interleaved rounds
@@ -289,6 +309,9 @@ pub struct JobReport {
     pub raw_rtt: Summary,
     /// `raw_rtt` with both ends polling (for information).
     pub raw_rtt_polled: Summary,
+    /// How long node 1's echo thread polled after each message of `raw_rtt_polled`: node 1's
+    /// service-thread budget ([`service_spin`]).
+    pub poll_budget: Duration,
     pub ping: Figure,
     pub lock: Figure,
     pub barrier: Figure,
@@ -305,9 +328,13 @@ pub struct JobReport {
 }
 
 impl JobReport {
-    /// The figures as `(name, µs)` pairs for the JSON line: `<figure>_us` and `<figure>_p50_us`.
+    /// The figures as `(name, µs)` pairs for the JSON line: `<figure>_us` and `<figure>_p50_us`,
+    /// and node 1's polling budget, `raw_rtt_polled_budget_us`.
     pub fn fields(&self) -> Vec<(String, f64)> {
-        let mut out = vec![("nprocs".to_string(), self.nprocs as f64)];
+        let mut out = vec![
+            ("nprocs".to_string(), self.nprocs as f64),
+            ("raw_rtt_polled_budget_us".to_string(), self.poll_budget.as_secs_f64() * 1e6),
+        ];
         for (name, s) in self.summaries() {
             out.push((format!("{name}_us"), s.mean_us));
             out.push((format!("{name}_p50_us"), s.p50_us));
@@ -331,9 +358,10 @@ impl JobReport {
     }
 }
 
-/// Runs every figure on this node. Node 0's `proposed` parameters are used by all nodes.
-/// Returns the report on node 0, `None` elsewhere. Needs at least two nodes.
-pub fn run(tmk: &mut Tmk, proposed: Params) -> Result<Option<JobReport>> {
+/// Runs every figure on this node. Node 0's `proposed` parameters are used by all nodes;
+/// `service_spin` is this node's service-thread budget ([`service_spin`]), node 1's the one its
+/// polling echo uses. Returns the report on node 0, `None` elsewhere. Needs at least two nodes.
+pub fn run(tmk: &mut Tmk, proposed: Params, service_spin: Duration) -> Result<Option<JobReport>> {
     if tmk.nprocs() < 2 {
         return Err("the job figures need at least two nodes".into());
     }
@@ -347,7 +375,7 @@ pub fn run(tmk: &mut Tmk, proposed: Params) -> Result<Option<JobReport>> {
 
     // The raw sockets: node 0 listens on two ephemeral ports and distributes them; node 1
     // connects to each and echoes from a plain thread until node 0 closes, blocking on the
-    // first, polling the second.
+    // first, polling the second for its budget, which it sends node 0 first.
     let listeners = if me == 0 {
         Some([TcpListener::bind(("127.0.0.1", 0))?, TcpListener::bind(("127.0.0.1", 0))?])
     } else {
@@ -365,8 +393,13 @@ pub fn run(tmk: &mut Tmk, proposed: Params) -> Result<Option<JobReport>> {
             s.set_read_timeout(Some(IO_TIMEOUT))?;
             Ok(s)
         };
-        let (blocking, polled) = (connect(ports[0])?, connect(ports[1])?);
-        Some([std::thread::spawn(move || echo(blocking)), std::thread::spawn(move || echo_polled(polled))])
+        let (blocking, mut polled) = (connect(ports[0])?, connect(ports[1])?);
+        let budget = u64::try_from(service_spin.as_micros()).unwrap_or(u64::MAX);
+        polled.write_all(&budget.to_le_bytes())?;
+        Some([
+            std::thread::spawn(move || echo(blocking)),
+            std::thread::spawn(move || echo_polled(polled, service_spin)),
+        ])
     } else {
         None
     };
@@ -374,6 +407,12 @@ pub fn run(tmk: &mut Tmk, proposed: Params) -> Result<Option<JobReport>> {
         Some([l, p]) => (Some(accept(l)?), Some(accept(p)?)),
         None => (None, None),
     };
+    let mut poll_budget = Duration::ZERO;
+    if let Some(s) = &mut polled {
+        let mut us = [0u8; 8];
+        s.read_exact(&mut us).map_err(|e| format!("node 1 did not send its polling budget: {e}"))?;
+        poll_budget = Duration::from_micros(u64::from_le_bytes(us));
+    }
 
     // Fresh pages for every diff miss: warm-up and timed, normal and settled.
     let words = (p.page_size / 8) as usize;
@@ -393,6 +432,10 @@ pub fn run(tmk: &mut Tmk, proposed: Params) -> Result<Option<JobReport>> {
         let timed = round > 0;
         let n = |total: u64| if timed { p.per_round(total) } else { p.warmup };
         tmk.barrier(BARRIER)?;
+        if raw.is_some() && !poll_budget.is_zero() {
+            // Node 1's service thread polls this long in the barrier it has just entered.
+            std::thread::sleep(poll_budget + SETTLE);
+        }
         if let Some(s) = &mut raw {
             round_trips(s, n(p.raw_rtt), false, pick(timed, raw_acc))?;
         }
@@ -423,6 +466,7 @@ pub fn run(tmk: &mut Tmk, proposed: Params) -> Result<Option<JobReport>> {
         params: p,
         raw_rtt: Summary::of(&acc[0].samples),
         raw_rtt_polled: Summary::of(&acc[8].samples),
+        poll_budget,
         ping: acc[1].figure(),
         lock: acc[2].figure(),
         barrier: acc[3].figure(),
@@ -450,12 +494,12 @@ fn echo(mut s: TcpStream) -> std::io::Result<()> {
 }
 
 /// Echoes 64-byte messages until the stream ends, polling: after each message it spins on the
-/// nonblocking socket for [`POLL_BUDGET`], then waits in a blocking read (bounded by the
-/// socket's timeout) until the next one comes.
-fn echo_polled(s: TcpStream) -> std::io::Result<()> {
+/// nonblocking socket for `budget`, then waits in a blocking read (bounded by the socket's
+/// timeout) until the next one comes.
+fn echo_polled(s: TcpStream, budget: Duration) -> std::io::Result<()> {
     let mut buf = [0u8; RAW_MSG];
     s.set_nonblocking(true)?;
-    while read_polled(&s, &mut buf, POLL_BUDGET)? {
+    while read_polled(&s, &mut buf, budget)? {
         write_polled(&s, &buf)?;
     }
     Ok(())
@@ -719,4 +763,22 @@ fn totals(tmk: &mut Tmk, p: &Params) -> Result<Vec<NodeTotals>> {
     }
     tmk.barrier(BARRIER)?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use treadmarks::config::DEFAULT_SERVICE_SPIN;
+
+    /// The polled echo polls what the runtime does: the budget asked for, else the default only
+    /// for a pinned node with a CPU of its own (a 4-node job on 2 CPUs polls nothing).
+    #[test]
+    fn the_service_spin_is_resolved_as_the_runtime_does() {
+        let two = Config { nprocs: 2, ..Config::default() };
+        assert_eq!(service_spin(&two, 2, true), DEFAULT_SERVICE_SPIN);
+        assert_eq!(service_spin(&two, 2, false), Duration::ZERO);
+        assert_eq!(service_spin(&Config { nprocs: 4, ..two.clone() }, 2, true), Duration::ZERO);
+        let asked = Config { service_spin: Some(Duration::from_micros(5000)), ..two };
+        assert_eq!(service_spin(&asked, 2, false), Duration::from_micros(5000));
+    }
 }

@@ -67,7 +67,7 @@ pub fn figures_table(f: &FaultCosts, r: &JobReport, fault_iters: (usize, usize))
     ));
     let n = r.nprocs;
     line(row("raw_rtt", "", &r.raw_rtt, "64 B write + read, blocking TCP, node 0 <-> 1"));
-    let budget = crate::job::POLL_BUDGET.as_micros();
+    let budget = r.poll_budget.as_micros();
     line(row(
         "raw_rtt_polled",
         "",

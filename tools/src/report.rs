@@ -1,7 +1,7 @@
 //! The runner's output: a terminal table with the targets checked and summed up,
 //! `bench.json` and the charts.
 
-use crate::run::{AppResult, Cell, Size};
+use crate::run::{AppResult, Cell, RUN_SETTINGS, Size};
 use crate::svg;
 use std::fmt::Write;
 use std::path::Path;
@@ -322,7 +322,15 @@ pub fn summary(results: &[AppResult]) -> String {
 /// The `TMK_*` settings the runs inherited from this process's environment (they reach every
 /// app), sorted: the targets are for the defaults.
 pub fn environment() -> Vec<(String, String)> {
-    let mut vars: Vec<(String, String)> = std::env::vars().filter(|(k, _)| k.starts_with("TMK_")).collect();
+    inherited(std::env::vars())
+}
+
+/// The `TMK_*` settings of `vars` that reach the runs, sorted: not those every run is started
+/// with ([`RUN_SETTINGS`]), which the runs never had.
+fn inherited(vars: impl IntoIterator<Item = (String, String)>) -> Vec<(String, String)> {
+    let overridden = |k: &str| RUN_SETTINGS.iter().any(|&(name, _)| name == k);
+    let mut vars: Vec<(String, String)> =
+        vars.into_iter().filter(|(k, _)| k.starts_with("TMK_") && !overridden(k)).collect();
     vars.sort();
     vars
 }
@@ -677,5 +685,15 @@ mod tests {
         assert_eq!(j["apps"][0]["runs"][0]["mp"]["secs"], 0.8);
         let dsm_over_mp = j["apps"][0]["runs"][0]["dsm_over_mp"].as_f64().expect("a ratio");
         assert!((dsm_over_mp - 1.5).abs() < 1e-9, "{dsm_over_mp}");
+    }
+
+    /// A setting every run is started with is not one the runs inherited: `TMK_STATS=1` in the
+    /// runner's environment was named under the table although every app ran with `json`.
+    #[test]
+    fn settings_the_runner_overrides_are_not_named_as_inherited() {
+        let vars = [("TMK_STATS", "1"), ("PATH", "/bin"), ("TMK_PUSH", "0"), ("TMK_LOCK_BUNDLE", "3")];
+        let got = inherited(vars.map(|(k, v)| (k.to_string(), v.to_string())));
+        let want = [("TMK_LOCK_BUNDLE", "3"), ("TMK_PUSH", "0")].map(|(k, v)| (k.to_string(), v.to_string()));
+        assert_eq!(got, want);
     }
 }

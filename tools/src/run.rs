@@ -9,6 +9,11 @@ use std::process::{Command, Stdio};
 use std::sync::{Mutex, PoisonError, mpsc};
 use std::time::Duration;
 
+/// Settings every run is started with, whatever this process's environment holds: statistics as
+/// JSON lines, which the runner reads. The report leaves them out of the settings the runs
+/// inherit (`report::environment`).
+pub const RUN_SETTINGS: [(&str, &str); 1] = [("TMK_STATS", "json")];
+
 /// The process group of the run in progress. A run is started and noted here under this lock,
 /// so an interrupt ([`stop_on_signals`]) either finds it to kill or keeps it from starting.
 static RUNNING: Mutex<Option<i32>> = Mutex::new(None);
@@ -131,7 +136,7 @@ fn run_one(plan: &Plan, app: &AppSpec, size: &Size, mode: &str, n: usize) -> Res
     let exe = plan.bin.join(app.name);
     let mut cmd = Command::new(&exe);
     cmd.args(["--mode", mode, "-n", &n.to_string()]).args(size.flags(app));
-    cmd.env("TMK_STATS", "json").stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
+    cmd.envs(RUN_SETTINGS).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
     die_with_the_runner(&mut cmd);
     let mut running = RUNNING.lock().unwrap_or_else(PoisonError::into_inner);
     let mut child = cmd.spawn().map_err(|e| format!("cannot start {}: {e}", exe.display()))?;

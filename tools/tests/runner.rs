@@ -290,13 +290,16 @@ fn runs_that_hang_or_leave_processes_behind_are_killed_whole() {
             .arg("--out")
             .arg(&out_dir)
             .env("PIDS", &pids)
-            .env("TMK_LOCK_BUNDLE", "3"),
+            .env("TMK_LOCK_BUNDLE", "3")
+            .env("TMK_STATS", "1"),
     );
     let (stdout, all) = (String::from_utf8_lossy(&out.stdout).to_string(), text(&out));
     assert_eq!(out.status.code(), Some(1), "lu failed: {all}");
     // A setting the runs inherit is named: the targets are for the defaults.
     let settings = stdout.lines().find_map(|l| l.strip_prefix("settings from the environment: "));
     assert!(settings.is_some_and(|l| l.split_whitespace().any(|w| w == "TMK_LOCK_BUNDLE=3")), "{all}");
+    // Not one the runner overrides: every run had `TMK_STATS=json`.
+    assert!(settings.is_some_and(|l| !l.contains("TMK_STATS")), "{all}");
     assert!(all.contains("lu seq n=1: FAILED: no result within 4s; killed"), "{all}");
     assert!(stdout.contains("lu           3 FAILED RUNS"), "{all}");
     // A failed DSM cell shows no statistics, not zeros; the progress stays off the table.
@@ -308,6 +311,7 @@ fn runs_that_hang_or_leave_processes_behind_are_killed_whole() {
         serde_json::from_slice(&std::fs::read(out_dir.join("bench.json")).expect("bench.json written"))
             .expect("bench.json is JSON");
     assert_eq!(json["environment"]["TMK_LOCK_BUNDLE"], "3");
+    assert_eq!(json["environment"].get("TMK_STATS"), None, "{}", json["environment"]);
     let lu = &json["apps"][1];
     assert_eq!(lu["seq"]["errors"], serde_json::json!(["no result within 4s; killed"]), "{lu}");
     assert_eq!(lu["seq"]["reps"], serde_json::json!([]), "{lu}");
