@@ -583,7 +583,8 @@ impl Tmk {
     /// A view of a shared array. See [`Tmk`] for the borrowing rules.
     ///
     /// A view declares what the application is about to touch: its invalid pages are brought up
-    /// to date at once, one request per writer for all of them, before the view is returned
+    /// to date at once, in requests to each writer of 32 pages, then twice as many up to 256,
+    /// before the view is returned
     /// (raw pointers fault page by page instead). A view that must fetch many pages (at least
     /// `TMK_STREAM_MIN_PAGES`, 64 by default) with no lock held *streams*: it returns as soon as
     /// its requests are out, its pages become readable as they arrive, touching one still on
@@ -743,8 +744,8 @@ impl Tmk {
     /// they get their twins up front, in one step, instead of one fault each. A twin made ahead
     /// is noticed only if its page changed, which is checked when the interval ends. Under a
     /// lock pages fault one by one as usual: such a view tends to write a few entries of a larger
-    /// structure (tsp's work queue), whose every page would be twinned, then frozen and compared
-    /// at the release.
+    /// structure (tsp's work queue), whose every page would be twinned, then compared at the
+    /// release.
     pub fn view_mut<T: Pod>(&self, h: &Shared<[T]>) -> Result<ViewMut<'_, T>> {
         let view = self.record(self.borrows.view_mut(h).map_err(Error::from))?;
         if !self.settled(h) {

@@ -7,7 +7,8 @@
 //!
 //! An [`IntervalRecord`] carries the interval's vector timestamp (its own entry is the interval's
 //! index) and its write notices: the pages written in it. Records are what lock grants and the
-//! barrier manager carry; the race checker and garbage collection build on them.
+//! barrier manager carry; garbage collection builds on them, a grant picks the pages whose
+//! diffs it carries by the locks they name, and a race checker (to come) can too.
 //!
 //! Invariant: for every node `n`, the log holds the records of `n`'s intervals
 //! `base[n]+1..=vt[n]` (the knowledge of a node is closed under happened-before, so it is always
@@ -30,7 +31,8 @@ pub struct IntervalRecord {
     pub vt: VectorTime,
     /// Write notices: pages the node (possibly) wrote in this interval, ascending.
     pub pages: Vec<PageIdx>,
-    /// Locks the node held during the interval (for the race checker).
+    /// Locks the node held during the interval: a grant carries the diffs of pages twinned
+    /// under the locks it passes on (`lock.rs`).
     pub locks: Vec<LockId>,
 }
 

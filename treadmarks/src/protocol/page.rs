@@ -209,7 +209,7 @@ pub struct PageMeta {
     pub diffs: Vec<OwnDiff>,
     /// Set when a collection dropped our copy: fetch a whole copy from this node first.
     pub base_from: Option<NodeId>,
-    /// Declared overwritten while stale: the next diff cut is the whole page (module docs).
+    /// Declared overwritten (stale or valid): the next diff cut is the whole page (module docs).
     pub whole: bool,
     /// Our twin was made while the application held a lock (a twin renewed when a diff was cut
     /// keeps the flag of the one it replaces): only such pages are taken for data a lock
