@@ -557,20 +557,17 @@ impl Config {
     }
 
     /// Where node 0 listens, when it joins a job by hand: the root's address, or every interface
-    /// at its port where the root was given as a host name that resolves to a loopback address
-    /// here but is no loopback name (`localhost`): Debian and Ubuntu map the host's own name to
-    /// 127.0.1.1 in `/etc/hosts`, and a node 0 listening there was unreachable from the other
-    /// hosts, whose resolvers give its network address; they failed at the meeting's timeout.
+    /// at its port (`[::]`, IPv4 too, where the host has IPv6; else `0.0.0.0`) where the root was
+    /// given as a host name that resolves to a loopback address here but is no loopback name
+    /// (`localhost`): Debian and Ubuntu map the host's own name to 127.0.1.1 in `/etc/hosts`, and
+    /// a node 0 listening there was unreachable from the other hosts, whose resolvers give its
+    /// network address (an IPv6 one, maybe); they failed at the meeting's timeout.
     pub fn root_listen_addr(&self) -> Option<SocketAddr> {
         let root = self.root?;
         let local_name = |n: &str| n.eq_ignore_ascii_case("localhost") || n.ends_with(".localhost");
         match &self.root_name {
             Some(name) if root.ip().is_loopback() && !local_name(name) => {
-                let any: std::net::IpAddr = match root {
-                    SocketAddr::V4(_) => std::net::Ipv4Addr::UNSPECIFIED.into(),
-                    SocketAddr::V6(_) => std::net::Ipv6Addr::UNSPECIFIED.into(),
-                };
-                Some(SocketAddr::new(any, root.port()))
+                Some(SocketAddr::new(std::net::Ipv6Addr::UNSPECIFIED.into(), root.port()))
             }
             _ => Some(root),
         }
@@ -1131,7 +1128,7 @@ mod tests {
             root_name: Some("host-a".into()),
             ..Config::default()
         };
-        assert_eq!(own("127.0.1.1").root_listen_addr(), Some("0.0.0.0:7000".parse().unwrap()));
+        assert_eq!(own("127.0.1.1").root_listen_addr(), Some("[::]:7000".parse().unwrap()));
         assert_eq!(own("::1").root_listen_addr(), Some("[::]:7000".parse().unwrap()));
         assert_eq!(own("10.0.0.1").root_listen_addr(), Some("10.0.0.1:7000".parse().unwrap()));
         // An address given is where node 0 listens, loopback or not.

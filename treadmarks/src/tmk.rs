@@ -285,18 +285,23 @@ impl Tmk {
                     let listener = match listen {
                         Some(at) => {
                             let name = config.root_name.as_deref().unwrap_or_default();
+                            // `[::]` takes IPv4 too (unless `net.ipv6.bindv6only`); a host
+                            // without IPv6 listens on `0.0.0.0`.
+                            let v4 = SocketAddr::from(([0, 0, 0, 0], root.port()));
+                            let l =
+                                TcpListener::bind(at).or_else(|_| TcpListener::bind(v4)).map_err(|e| {
+                                    Error::Config(crate::config::ConfigError::Invalid {
+                                        name: "TMK_ROOT / --root",
+                                        value: format!("{name}:{}", root.port()),
+                                        why: format!("node 0 cannot listen on {at} or {v4}: {e}"),
+                                    })
+                                })?;
                             crate::report(&format!(
                                 "treadmarks: the root's name {name} resolves to {} here, a loopback \
-                                 address the other hosts cannot reach: node 0 listens on {at}",
-                                root.ip()
+                                 address the other hosts cannot reach: node 0 listens on {}",
+                                root.ip(),
+                                l.local_addr().map_or(at, |a| a)
                             ));
-                            let l = TcpListener::bind(at).map_err(|e| {
-                                Error::Config(crate::config::ConfigError::Invalid {
-                                    name: "TMK_ROOT / --root",
-                                    value: format!("{name}:{}", root.port()),
-                                    why: format!("node 0 cannot listen on {at}: {e}"),
-                                })
-                            })?;
                             Some(l)
                         }
                         None => None,
@@ -333,6 +338,9 @@ impl Tmk {
                 nprocs: n,
                 rank: me,
                 root,
+                // Members meet node 0 at any address its name has; a launcher's nodes, at the
+                // address it listens on.
+                root_name: if launch::spawned_by_launcher() { None } else { config.root_name.clone() },
                 fingerprint: config.fingerprint(),
                 timeout: config.connect_timeout,
             };

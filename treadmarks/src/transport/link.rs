@@ -809,6 +809,7 @@ mod tests {
             nprocs: 2,
             rank: NodeId(rank),
             root,
+            root_name: None,
             fingerprint: "test".to_owned(),
             timeout: WAIT,
         };

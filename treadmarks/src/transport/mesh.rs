@@ -64,6 +64,9 @@ const FINGERPRINT_SHOWN: usize = 200;
 /// Sleep between polls of a nonblocking listener.
 const ACCEPT_POLL: Duration = Duration::from_millis(1);
 
+/// Longest an attempt to reach the root waits for one of several addresses to answer.
+const CONNECT_EACH: Duration = Duration::from_secs(2);
+
 /// First and largest pause between attempts to reach a root that is not listening yet.
 const CONNECT_BACKOFF: (Duration, Duration) = (Duration::from_millis(2), Duration::from_millis(100));
 
@@ -76,6 +79,10 @@ pub struct MeshConfig {
     pub rank: NodeId,
     /// Where rank 0 listens; the others connect here.
     pub root: SocketAddr,
+    /// The host name `root` was resolved from, if it was given as one: every attempt to reach
+    /// the root then tries each address the name resolves to (`root` first), so that a name with
+    /// an IPv6 and an IPv4 address reaches a root listening on either.
+    pub root_name: Option<String>,
     /// A summary of the configuration that must be identical on all nodes, e.g.
     /// `"heap=1073741824@0x600000000000 locks=1024 barriers=64 page=4096 proto=1"`.
     pub fingerprint: String,
@@ -504,7 +511,14 @@ fn reject(mut stream: TcpStream, addr: SocketAddr, reason: &str) {
 
 fn meet_as_peer(cfg: &MeshConfig, deadline: &Deadline, peers: &mut [Option<TcpStream>]) -> Result<()> {
     let rank = cfg.rank;
-    let mut root = connect_root(cfg.root, deadline, TcpStream::connect_timeout)?;
+    let resolve = || match &cfg.root_name {
+        Some(name) => {
+            use std::net::ToSocketAddrs;
+            (name.as_str(), cfg.root.port()).to_socket_addrs().map(Iterator::collect).unwrap_or_default()
+        }
+        None => Vec::new(),
+    };
+    let mut root = connect_root(cfg.root, resolve, deadline, TcpStream::connect_timeout)?;
     let local_ip = root
         .local_addr()
         .map_err(|source| TransportError::Io {
@@ -616,49 +630,70 @@ fn root_said_go(reply: Handshake, addr: SocketAddr) -> Result<()> {
     }
 }
 
-/// Connects to the root with `connect`, retrying until the deadline while it is not listening
+/// Connects to the root at `root`, or at another address its name resolves to (`resolve`, asked
+/// again at every attempt) with `connect`, retrying until the deadline while it is not listening
 /// yet, or not reachable yet (its host starting: the kernel may give up on a connection that gets
 /// no answer, ~2 min, long before a generous deadline).
 fn connect_root(
     root: SocketAddr,
+    mut resolve: impl FnMut() -> Vec<SocketAddr>,
     deadline: &Deadline,
     mut connect: impl FnMut(&SocketAddr, Duration) -> io::Result<TcpStream>,
 ) -> Result<TcpStream> {
     // A timeout names why the last attempt failed (refused, unreachable, no answer).
-    let mut last: Option<io::Error> = None;
-    let waiting_for = |last: &Option<io::Error>| match last {
-        Some(e) => format!("the root (node 0) to accept us at {root} (the last attempt: {e})"),
+    let mut last: Option<(SocketAddr, io::Error)> = None;
+    let waiting_for = |last: &Option<(SocketAddr, io::Error)>| match last {
+        Some((at, e)) if *at == root => {
+            format!("the root (node 0) to accept us at {root} (the last attempt: {e})")
+        }
+        Some((at, e)) => format!("the root (node 0) to accept us at {root} (the last attempt, at {at}: {e})"),
         None => format!("the root (node 0) to accept us at {root}"),
     };
     let mut pause = CONNECT_BACKOFF.0;
     loop {
-        let remaining = deadline.remaining(|| waiting_for(&last))?;
-        match connect(&root, remaining) {
-            Ok(stream) => {
-                set_nodelay(&stream, root)?;
-                return Ok(stream);
-            }
-            Err(err)
-                if is_timeout(&err)
-                    || matches!(
-                        err.kind(),
-                        io::ErrorKind::ConnectionRefused
-                            | io::ErrorKind::ConnectionReset
-                            | io::ErrorKind::ConnectionAborted
-                            | io::ErrorKind::Interrupted
-                            | io::ErrorKind::HostUnreachable
-                            | io::ErrorKind::NetworkUnreachable
-                    ) =>
-            {
-                last = Some(err);
-                let remaining = deadline.remaining(|| waiting_for(&last))?;
-                thread::sleep(pause.min(remaining));
-                pause = (pause * 2).min(CONNECT_BACKOFF.1);
-            }
-            Err(source) => {
-                return Err(TransportError::Io { op: "connect to the root at", addr: root, source });
+        let mut addrs = vec![root];
+        addrs.extend(resolve().into_iter().filter(|a| *a != root));
+        let mut fatal = None;
+        for addr in &addrs {
+            let remaining = deadline.remaining(|| waiting_for(&last))?;
+            // One address that does not answer may not take the time of the others.
+            let wait = if addrs.len() > 1 { remaining.min(CONNECT_EACH) } else { remaining };
+            match connect(addr, wait) {
+                Ok(stream) => {
+                    set_nodelay(&stream, *addr)?;
+                    return Ok(stream);
+                }
+                Err(err)
+                    if is_timeout(&err)
+                        || matches!(
+                            err.kind(),
+                            io::ErrorKind::ConnectionRefused
+                                | io::ErrorKind::ConnectionReset
+                                | io::ErrorKind::ConnectionAborted
+                                | io::ErrorKind::Interrupted
+                                | io::ErrorKind::HostUnreachable
+                                | io::ErrorKind::NetworkUnreachable
+                        ) =>
+                {
+                    last = Some((*addr, err));
+                }
+                // Another address may do (an IPv6 one on a host without IPv6, say); the root's
+                // own fails the meeting if no other answers.
+                Err(source) => {
+                    fatal.get_or_insert(TransportError::Io {
+                        op: "connect to the root at",
+                        addr: *addr,
+                        source,
+                    });
+                }
             }
         }
+        if let Some(err) = fatal.filter(|_| last.is_none()) {
+            return Err(err);
+        }
+        let remaining = deadline.remaining(|| waiting_for(&last))?;
+        thread::sleep(pause.min(remaining));
+        pause = (pause * 2).min(CONNECT_BACKOFF.1);
     }
 }
 
@@ -865,7 +900,7 @@ mod tests {
     const FP: &str = "heap=1073741824@0x600000000000 locks=1024 barriers=64 page=4096 proto=1";
 
     fn config(nprocs: u16, rank: u16, root: SocketAddr, timeout: Duration) -> MeshConfig {
-        MeshConfig { nprocs, rank: NodeId(rank), root, fingerprint: FP.to_owned(), timeout }
+        MeshConfig { nprocs, rank: NodeId(rank), root, root_name: None, fingerprint: FP.to_owned(), timeout }
     }
 
     fn bind_root() -> (TcpListener, SocketAddr) {
@@ -912,7 +947,7 @@ mod tests {
         let mut failures =
             vec![io::ErrorKind::TimedOut, io::ErrorKind::HostUnreachable, io::ErrorKind::TimedOut];
         let deadline = Deadline::after(Duration::from_secs(30));
-        let stream = connect_root(root, &deadline, |addr, left| match failures.pop() {
+        let stream = connect_root(root, Vec::new, &deadline, |addr, left| match failures.pop() {
             Some(kind) => Err(io::Error::from(kind)),
             None => TcpStream::connect_timeout(addr, left),
         })
@@ -921,10 +956,38 @@ mod tests {
         assert_eq!(stream.peer_addr().unwrap(), root);
         // With the deadline past, the timeout is the meeting's, named.
         let deadline = Deadline::after(Duration::from_millis(20));
-        let err = connect_root(root, &deadline, |_, _| Err(io::Error::from(io::ErrorKind::HostUnreachable)))
-            .unwrap_err();
+        let err = connect_root(root, Vec::new, &deadline, |_, _| {
+            Err(io::Error::from(io::ErrorKind::HostUnreachable))
+        })
+        .unwrap_err();
         assert!(matches!(err, TransportError::Timeout { .. }), "{err}");
         assert!(err.to_string().contains("the last attempt: host unreachable"), "{err}");
+    }
+
+    /// A root given by name is sought at every address the name resolves to, each attempt: here
+    /// its first address refuses (nothing listens there) and its second answers.
+    #[test]
+    fn the_root_is_sought_at_every_address_of_its_name() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let second = listener.local_addr().unwrap();
+        let first = {
+            let closed = TcpListener::bind("127.0.0.1:0").unwrap();
+            closed.local_addr().unwrap()
+        };
+        let deadline = Deadline::after(Duration::from_secs(30));
+        let mut tried = Vec::new();
+        let stream = connect_root(
+            first,
+            || vec![first, second],
+            &deadline,
+            |addr, left| {
+                tried.push(*addr);
+                TcpStream::connect_timeout(addr, left)
+            },
+        )
+        .unwrap();
+        assert_eq!(stream.peer_addr().unwrap(), second);
+        assert_eq!(tried, [first, second], "the root's own address first, each once");
     }
 
     #[test]
