@@ -344,18 +344,26 @@ fn write_under(net: &mut Net, i: usize, lock: u32, page: u32, byte: usize, value
     net.settle();
 }
 
-#[test]
-fn a_grant_carries_the_diffs_of_pages_the_acquirer_reads_whatever_lock_they_were_written_under() {
+/// Node 1 writes page 2 under lock 2 and page 3 under lock 1 (two data on one page, like water's
+/// forces), node 0 reading page 2 before; node 0 takes lock 1 only, from node 1, whose grants
+/// carry the diffs of at most `piggyback_pages` pages. The grant's notices invalidate both pages.
+/// Returns the network and where the acquire's messages begin in its log.
+fn grant_after_writes_under_two_locks(piggyback_pages: usize) -> (Net, usize) {
     let mut net = Net::new(2);
     subscribe_node_0_to_page_2(&mut net);
-    // Node 1 writes page 2 under lock 2 and page 3 under lock 1 (two data on one page, like
-    // water's forces); node 0 takes lock 1 only. The grant's notices invalidate both pages.
+    net.nodes[1].cfg.limits.piggyback_pages = piggyback_pages;
     write_under(&mut net, 1, 2, 2, 1, 5);
     write_under(&mut net, 1, 1, 3, 0, 6);
     let since = net.log.len();
     net.nodes[0].request_acquire(LockId(1)).unwrap();
     net.settle();
     assert_eq!(net.done(0), Some(AppDone::Acquired(LockId(1))));
+    (net, since)
+}
+
+#[test]
+fn a_grant_carries_the_diffs_of_pages_the_acquirer_reads_whatever_lock_they_were_written_under() {
+    let (mut net, since) = grant_after_writes_under_two_locks(Limits::default().piggyback_pages);
     assert_eq!(net.nodes[1].stats().diffs_piggybacked, 2, "page 3 (under the lock) and page 2 (read)");
     assert_eq!(net.read(0, 3, 0), 6);
     assert_eq!((net.read(0, 2, 0), net.read(0, 2, 1)), (1, 5));
@@ -366,15 +374,7 @@ fn a_grant_carries_the_diffs_of_pages_the_acquirer_reads_whatever_lock_they_were
 /// to, `cautious.rs`), the lock's data first; the acquirer fetches the page left out.
 #[test]
 fn a_grant_carries_the_diffs_of_no_more_pages_than_its_limit() {
-    let mut net = Net::new(2);
-    subscribe_node_0_to_page_2(&mut net);
-    net.nodes[1].cfg.limits.piggyback_pages = 1;
-    write_under(&mut net, 1, 2, 2, 1, 5);
-    write_under(&mut net, 1, 1, 3, 0, 6);
-    let since = net.log.len();
-    net.nodes[0].request_acquire(LockId(1)).unwrap();
-    net.settle();
-    assert_eq!(net.done(0), Some(AppDone::Acquired(LockId(1))));
+    let (mut net, since) = grant_after_writes_under_two_locks(1);
     assert_eq!(net.nodes[1].stats().diffs_piggybacked, 1, "page 3, under the lock, only");
     assert_eq!(net.read(0, 3, 0), 6);
     assert_eq!(net.count(since, 0, 1, MsgKind::DiffRequest), 0, "{:?}", &net.log[since..]);
