@@ -342,6 +342,27 @@ fn a_node_joining_by_hand_with_a_launchers_configuration_is_refused() {
     assert!(out.elapsed < Duration::from_secs(10), "took {:?}", out.elapsed);
 }
 
+/// A program a node of a launched job starts inherits the node's variables (its rank, the job's
+/// root, the launcher's pid) with a launcher that is alive but not its parent: it stops at once,
+/// saying why and what to remove, rather than take itself for a node whose launcher is gone.
+#[test]
+fn a_program_started_by_a_node_is_told_it_cannot_join_the_job() {
+    let mut cmd = testnode();
+    cmd.args(["counter"])
+        .env("TMK_NPROCS", "2")
+        .env("TMK_RANK", "1")
+        .env("TMK_ROOT", "127.0.0.1:9")
+        // Alive (init), and not the test node's parent.
+        .env("TMK_LAUNCHER_PID", "1")
+        .env("TMK_HEAP_SIZE", "64MiB")
+        .env("TMK_HEAP_BASE", heap_base(23));
+    let out = Job::spawn(cmd).wait(Duration::from_secs(30));
+    assert_eq!(out.code, Some(1), "{out:#?}");
+    let told = "was started by a node of the job launched by pid 1, not by that launcher";
+    assert!(out.stderr.contains(told) && out.stderr.contains("remove TMK_RANK"), "{out:#?}");
+    assert!(out.elapsed < Duration::from_secs(10), "took {:?}", out.elapsed);
+}
+
 #[test]
 fn nodes_with_different_configurations_refuse_to_meet() {
     let ip = own_loopback();

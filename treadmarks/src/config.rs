@@ -233,8 +233,8 @@ fn switch(name: &'static str, v: &str) -> Result<bool, ConfigError> {
     }
 }
 
-/// `HOST:PORT` (a name or an address), resolved to its first address.
-/// The address `v` (`HOST:PORT`) names, and its host if that is a name rather than an address.
+/// The address `v` (`HOST:PORT`, a name or an address) names, the first a name resolves to, and
+/// its host if that is a name rather than an address.
 fn address(name: &'static str, v: &str) -> Result<(SocketAddr, Option<String>), ConfigError> {
     use std::net::ToSocketAddrs;
     if let Ok(addr) = v.trim().parse::<SocketAddr>() {
@@ -564,7 +564,22 @@ impl Config {
     /// network address (an IPv6 one, maybe); they failed at the meeting's timeout.
     pub fn root_listen_addr(&self) -> Option<SocketAddr> {
         let root = self.root?;
-        let local_name = |n: &str| n.eq_ignore_ascii_case("localhost") || n.ends_with(".localhost");
+        // The names resolvers give the loopback addresses (`/etc/hosts` of Debian, Red Hat, ...).
+        let local_name = |n: &str| {
+            let n = n.trim_end_matches('.').to_ascii_lowercase();
+            n.ends_with(".localhost")
+                || [
+                    "localhost",
+                    "localhost4",
+                    "localhost6",
+                    "ip6-localhost",
+                    "ip6-loopback",
+                    "localhost.localdomain",
+                    "localhost4.localdomain4",
+                    "localhost6.localdomain6",
+                ]
+                .contains(&n.as_str())
+        };
         match &self.root_name {
             Some(name) if root.ip().is_loopback() && !local_name(name) => {
                 Some(SocketAddr::new(std::net::Ipv6Addr::UNSPECIFIED.into(), root.port()))
@@ -1131,6 +1146,10 @@ mod tests {
         assert_eq!(own("127.0.1.1").root_listen_addr(), Some("[::]:7000".parse().unwrap()));
         assert_eq!(own("::1").root_listen_addr(), Some("[::]:7000".parse().unwrap()));
         assert_eq!(own("10.0.0.1").root_listen_addr(), Some("10.0.0.1:7000".parse().unwrap()));
+        for local in ["localhost.", "LOCALHOST", "localhost4", "ip6-localhost", "localhost.localdomain"] {
+            let c = Config { root_name: Some(local.into()), ..own("127.0.0.1") };
+            assert_eq!(c.root_listen_addr(), c.root, "{local}");
+        }
         // An address given is where node 0 listens, loopback or not.
         let (c, _) = Config::from_env_and_args(vec!["--root".into(), "127.0.1.1:7000".into()]).unwrap();
         assert_eq!((c.root_name.as_deref(), c.root_listen_addr()), (None, c.root));

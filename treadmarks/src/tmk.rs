@@ -285,17 +285,13 @@ impl Tmk {
                     let listener = match listen {
                         Some(at) => {
                             let name = config.root_name.as_deref().unwrap_or_default();
-                            // `[::]` takes IPv4 too (unless `net.ipv6.bindv6only`); a host
-                            // without IPv6 listens on `0.0.0.0`.
-                            let v4 = SocketAddr::from(([0, 0, 0, 0], root.port()));
-                            let l =
-                                TcpListener::bind(at).or_else(|_| TcpListener::bind(v4)).map_err(|e| {
-                                    Error::Config(crate::config::ConfigError::Invalid {
-                                        name: "TMK_ROOT / --root",
-                                        value: format!("{name}:{}", root.port()),
-                                        why: format!("node 0 cannot listen on {at} or {v4}: {e}"),
-                                    })
-                                })?;
+                            let l = crate::transport::listen_everywhere(root.port()).map_err(|e| {
+                                Error::Config(crate::config::ConfigError::Invalid {
+                                    name: "TMK_ROOT / --root",
+                                    value: format!("{name}:{}", root.port()),
+                                    why: format!("node 0 cannot listen on {at}: {e}"),
+                                })
+                            })?;
                             crate::report(&format!(
                                 "treadmarks: the root's name {name} resolves to {} here, a loopback \
                                  address the other hosts cannot reach: node 0 listens on {}",

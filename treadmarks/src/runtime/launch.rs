@@ -206,8 +206,8 @@ pub(crate) fn claimed_cpus() -> Option<Vec<usize>> {
 /// True in a node a launcher spawned on its own machine: told its rank and the launcher's pid,
 /// which is its parent's. A launcher that another program started and told its pid
 /// (`TMK_LAUNCHER_PID` alone, to die with it: the core bench's re-executed 4-node launcher) is
-/// not one, nor is a program a node starts (it inherits the node's environment: it took itself
-/// for a node of the job, and waited out the meeting's timeout to join one long over).
+/// not one, nor is a program a node starts, which inherits the node's environment: it does not
+/// take the launcher's settings over its own, and [`follow_launcher`] stops it, saying why.
 pub(crate) fn spawned_by_launcher() -> bool {
     spawned_by_launcher_in(|k| std::env::var_os(k))
 }
@@ -231,7 +231,18 @@ pub(crate) fn follow_launcher(me: NodeId) {
     let following = crate::mem::orphan::die_with_parent(pid, &said).is_ok()
         || nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).is_ok();
     if following && nix::unistd::getppid().as_raw() != pid {
-        crate::report(&format!("treadmarks: the launcher (pid {pid}) is gone; exiting"));
+        // Alive, but not our parent: the variables came down from a node of its job, to a
+        // program that node started.
+        let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok();
+        crate::report(&if alive {
+            format!(
+                "treadmarks: this process was started by a node of the job launched by pid {pid}, not by \
+                 that launcher, and cannot join the job: to start a job of its own, remove TMK_RANK, \
+                 TMK_NPROCS, TMK_ROOT and TMK_LAUNCHER_PID from its environment; exiting"
+            )
+        } else {
+            format!("treadmarks: the launcher (pid {pid}) is gone; exiting")
+        });
         std::process::exit(1);
     }
 }

@@ -132,6 +132,27 @@ impl Handshake {
     }
 }
 
+/// A listener on every interface at `port`, IPv6 and IPv4 alike (`[::]` with `IPV6_V6ONLY`
+/// off, whatever `net.ipv6.bindv6only` says), or on every IPv4 one (`0.0.0.0`) on a host without
+/// IPv6: where node 0 listens for a root named by a host that its own resolver maps to a
+/// loopback address ([`crate::Config::root_listen_addr`]).
+pub fn listen_everywhere(port: u16) -> io::Result<TcpListener> {
+    use nix::sys::socket::{
+        AddressFamily, Backlog, SockFlag, SockType, SockaddrIn6, bind, listen, setsockopt, socket, sockopt,
+    };
+    use std::os::fd::AsRawFd;
+    let dual = || -> nix::Result<TcpListener> {
+        let fd = socket(AddressFamily::Inet6, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)?;
+        setsockopt(&fd, sockopt::Ipv6V6Only, &false)?;
+        setsockopt(&fd, sockopt::ReuseAddr, &true)?;
+        let any = std::net::SocketAddrV6::new(std::net::Ipv6Addr::UNSPECIFIED, port, 0, 0);
+        bind(fd.as_raw_fd(), &SockaddrIn6::from(any))?;
+        listen(&fd, Backlog::new(128)?)?;
+        Ok(TcpListener::from(fd))
+    };
+    dual().or_else(|_| TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port))))
+}
+
 /// Runs the meeting and returns the mesh.
 ///
 /// Rank 0 listens on `root_listener` if given (a launcher may pre-bind `127.0.0.1:0` and pass the
@@ -358,7 +379,7 @@ fn poll_handshake(
 ///
 /// A connection is read only once it has something to say, so one that says nothing (anything
 /// may connect to a port a job listens on) holds up no other, and one that closes without a word
-/// (a port check: `nc -z host 7000`) is let go; both are logged. A connection that does speak
+/// (a port check: `nc -z host 7000`) is let go, as a `tracing` event. A connection that does speak
 /// must say a Hello that fits the job, or the meeting fails. A rank that joined and then closes
 /// its connection (it failed, died or was killed) fails the meeting at once, naming it, rather
 /// than when the last rank comes.
@@ -511,19 +532,20 @@ fn reject(mut stream: TcpStream, addr: SocketAddr, reason: &str) {
 
 fn meet_as_peer(cfg: &MeshConfig, deadline: &Deadline, peers: &mut [Option<TcpStream>]) -> Result<()> {
     let rank = cfg.rank;
-    let resolve = || match &cfg.root_name {
-        Some(name) => {
-            use std::net::ToSocketAddrs;
-            (name.as_str(), cfg.root.port()).to_socket_addrs().map(Iterator::collect).unwrap_or_default()
-        }
-        None => Vec::new(),
+    let resolve = |name: &str| {
+        use std::net::ToSocketAddrs;
+        (name, cfg.root.port()).to_socket_addrs().map(Iterator::collect).unwrap_or_default()
     };
-    let mut root = connect_root(cfg.root, resolve, deadline, TcpStream::connect_timeout)?;
+    let mut by_name = cfg.root_name.as_deref().map(|name| move || resolve(name));
+    let by_name = by_name.as_mut().map(|r| r as &mut dyn FnMut() -> Vec<SocketAddr>);
+    let mut root = connect_root(cfg.root, by_name, deadline, TcpStream::connect_timeout)?;
+    // Where the root answered: the root's address, or another its name has.
+    let at = root.peer_addr().unwrap_or(cfg.root);
     let local_ip = root
         .local_addr()
         .map_err(|source| TransportError::Io {
             op: "read our address on the connection to the root at",
-            addr: cfg.root,
+            addr: at,
             source,
         })?
         .ip();
@@ -540,19 +562,15 @@ fn meet_as_peer(cfg: &MeshConfig, deadline: &Deadline, peers: &mut [Option<TcpSt
     })?;
     let hello =
         Handshake::Hello { rank, nprocs: cfg.nprocs, fingerprint: cfg.fingerprint.clone(), listen_addr };
-    send(&mut root, cfg.root, &hello, deadline, "send our hello to the root at")?;
-    let reply = recv(&mut root, cfg.root, deadline, "receive the table from the root at", || {
-        format!("the table from the root at {}", cfg.root)
+    send(&mut root, at, &hello, deadline, "send our hello to the root at")?;
+    let reply = recv(&mut root, at, deadline, "receive the table from the root at", || {
+        format!("the table from the root at {}", at)
     })?;
     let addrs = match reply {
         Handshake::Table { addrs } => addrs,
         Handshake::Reject { reason } => return Err(TransportError::Rejected { by: ROOT, reason }),
         other => {
-            return Err(TransportError::UnexpectedMessage {
-                got: other.kind(),
-                expected: "Table",
-                addr: cfg.root,
-            });
+            return Err(TransportError::UnexpectedMessage { got: other.kind(), expected: "Table", addr: at });
         }
     };
     if addrs.len() != usize::from(cfg.nprocs) {
@@ -579,14 +597,12 @@ fn meet_as_peer(cfg: &MeshConfig, deadline: &Deadline, peers: &mut [Option<TcpSt
             )
         };
         // The root rejects the meeting if a rank fails meanwhile: one that will not come.
-        let watch = || match poll_handshake(&mut root, cfg.root, deadline, "receive from the root at")? {
+        let watch = || match poll_handshake(&mut root, at, deadline, "receive from the root at")? {
             None => Ok(()),
             Some(Handshake::Reject { reason }) => Err(TransportError::Rejected { by: ROOT, reason }),
-            Some(other) => Err(TransportError::UnexpectedMessage {
-                got: other.kind(),
-                expected: "Reject",
-                addr: cfg.root,
-            }),
+            Some(other) => {
+                Err(TransportError::UnexpectedMessage { got: other.kind(), expected: "Reject", addr: at })
+            }
         };
         let (mut stream, from) = accept(&listener, listen_addr, deadline, waiting_for, watch)?;
         let msg = recv(&mut stream, from, deadline, "receive a mesh hello from", || {
@@ -612,11 +628,11 @@ fn meet_as_peer(cfg: &MeshConfig, deadline: &Deadline, peers: &mut [Option<TcpSt
         came_from[theirs.idx()] = Some(from);
         peers[theirs.idx()] = Some(stream);
     }
-    send(&mut root, cfg.root, &Handshake::Ready, deadline, "send ready to the root at")?;
-    let reply = recv(&mut root, cfg.root, deadline, "receive go from the root at", || {
-        format!("go from the root at {} (every other node to be connected)", cfg.root)
+    send(&mut root, at, &Handshake::Ready, deadline, "send ready to the root at")?;
+    let reply = recv(&mut root, at, deadline, "receive go from the root at", || {
+        format!("go from the root at {} (every other node to be connected)", at)
     })?;
-    root_said_go(reply, cfg.root)?;
+    root_said_go(reply, at)?;
     peers[ROOT.idx()] = Some(root);
     Ok(())
 }
@@ -631,12 +647,13 @@ fn root_said_go(reply: Handshake, addr: SocketAddr) -> Result<()> {
 }
 
 /// Connects to the root at `root`, or at another address its name resolves to (`resolve`, asked
-/// again at every attempt) with `connect`, retrying until the deadline while it is not listening
-/// yet, or not reachable yet (its host starting: the kernel may give up on a connection that gets
-/// no answer, ~2 min, long before a generous deadline).
+/// at every attempt once `root` failed: a name, unlike an address, may come to resolve), with
+/// `connect`, retrying until the deadline while it is not listening yet, or not reachable yet (its
+/// host starting: the kernel may give up on a connection that gets no answer, ~2 min, long before
+/// a generous deadline). The resolver's own waits are not bounded by the deadline.
 fn connect_root(
     root: SocketAddr,
-    mut resolve: impl FnMut() -> Vec<SocketAddr>,
+    mut resolve: Option<&mut dyn FnMut() -> Vec<SocketAddr>>,
     deadline: &Deadline,
     mut connect: impl FnMut(&SocketAddr, Duration) -> io::Result<TcpStream>,
 ) -> Result<TcpStream> {
@@ -652,15 +669,15 @@ fn connect_root(
     let mut pause = CONNECT_BACKOFF.0;
     loop {
         let mut addrs = vec![root];
-        addrs.extend(resolve().into_iter().filter(|a| *a != root));
-        let mut fatal = None;
-        for addr in &addrs {
+        let (mut retry, mut fatal) = (false, None);
+        let mut i = 0;
+        while let Some(&addr) = addrs.get(i) {
             let remaining = deadline.remaining(|| waiting_for(&last))?;
             // One address that does not answer may not take the time of the others.
-            let wait = if addrs.len() > 1 { remaining.min(CONNECT_EACH) } else { remaining };
-            match connect(addr, wait) {
+            let wait = if resolve.is_some() { remaining.min(CONNECT_EACH) } else { remaining };
+            match connect(&addr, wait) {
                 Ok(stream) => {
-                    set_nodelay(&stream, *addr)?;
+                    set_nodelay(&stream, addr)?;
                     return Ok(stream);
                 }
                 Err(err)
@@ -675,20 +692,22 @@ fn connect_root(
                                 | io::ErrorKind::NetworkUnreachable
                         ) =>
                 {
-                    last = Some((*addr, err));
+                    (last, retry) = (Some((addr, err)), true);
                 }
-                // Another address may do (an IPv6 one on a host without IPv6, say); the root's
-                // own fails the meeting if no other answers.
+                // Another address may do (an IPv6 one on a host without IPv6, say); an attempt
+                // in which none may be tried again fails the meeting.
                 Err(source) => {
-                    fatal.get_or_insert(TransportError::Io {
-                        op: "connect to the root at",
-                        addr: *addr,
-                        source,
-                    });
+                    fatal.get_or_insert(TransportError::Io { op: "connect to the root at", addr, source });
                 }
             }
+            if i == 0
+                && let Some(resolve) = resolve.as_mut()
+            {
+                addrs.extend(resolve().into_iter().filter(|a| *a != root));
+            }
+            i += 1;
         }
-        if let Some(err) = fatal.filter(|_| last.is_none()) {
+        if let Some(err) = fatal.filter(|_| !retry) {
             return Err(err);
         }
         let remaining = deadline.remaining(|| waiting_for(&last))?;
@@ -947,7 +966,7 @@ mod tests {
         let mut failures =
             vec![io::ErrorKind::TimedOut, io::ErrorKind::HostUnreachable, io::ErrorKind::TimedOut];
         let deadline = Deadline::after(Duration::from_secs(30));
-        let stream = connect_root(root, Vec::new, &deadline, |addr, left| match failures.pop() {
+        let stream = connect_root(root, None, &deadline, |addr, left| match failures.pop() {
             Some(kind) => Err(io::Error::from(kind)),
             None => TcpStream::connect_timeout(addr, left),
         })
@@ -956,12 +975,27 @@ mod tests {
         assert_eq!(stream.peer_addr().unwrap(), root);
         // With the deadline past, the timeout is the meeting's, named.
         let deadline = Deadline::after(Duration::from_millis(20));
-        let err = connect_root(root, Vec::new, &deadline, |_, _| {
-            Err(io::Error::from(io::ErrorKind::HostUnreachable))
-        })
-        .unwrap_err();
+        let err =
+            connect_root(root, None, &deadline, |_, _| Err(io::Error::from(io::ErrorKind::HostUnreachable)))
+                .unwrap_err();
         assert!(matches!(err, TransportError::Timeout { .. }), "{err}");
         assert!(err.to_string().contains("the last attempt: host unreachable"), "{err}");
+    }
+
+    /// Listening everywhere takes IPv4 and, where the host has it, IPv6 connections on one port.
+    #[test]
+    fn a_listener_everywhere_takes_ipv4_and_ipv6() {
+        let listener = listen_everywhere(0).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let v4 = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (_, from) = listener.accept().unwrap();
+        assert_eq!(from.port(), v4.local_addr().unwrap().port());
+        if listener.local_addr().unwrap().is_ipv6()
+            && let Ok(v6) = TcpStream::connect(("::1", port))
+        {
+            let (_, from) = listener.accept().unwrap();
+            assert_eq!(from, v6.local_addr().unwrap());
+        }
     }
 
     /// A root given by name is sought at every address the name resolves to, each attempt: here
@@ -976,15 +1010,10 @@ mod tests {
         };
         let deadline = Deadline::after(Duration::from_secs(30));
         let mut tried = Vec::new();
-        let stream = connect_root(
-            first,
-            || vec![first, second],
-            &deadline,
-            |addr, left| {
-                tried.push(*addr);
-                TcpStream::connect_timeout(addr, left)
-            },
-        )
+        let stream = connect_root(first, Some(&mut || vec![first, second]), &deadline, |addr, left| {
+            tried.push(*addr);
+            TcpStream::connect_timeout(addr, left)
+        })
         .unwrap();
         assert_eq!(stream.peer_addr().unwrap(), second);
         assert_eq!(tried, [first, second], "the root's own address first, each once");
@@ -1185,13 +1214,18 @@ mod tests {
         nix::sys::socket::setsockopt(&rank_1, linger, &libc::linger { l_onoff: 1, l_linger: 0 }).unwrap();
         drop(rank_1);
         let root_err = root_node.join().unwrap().unwrap_err();
+        // Found watching its connection, writing the table to it, or (the table out before the
+        // reset) waiting for its ready.
         assert!(
-            matches!(root_err, TransportError::Io { op: "send the table to", .. })
+            matches!(root_err, TransportError::Io { op: "send the table to" | "receive ready from", .. })
                 || matches!(root_err, TransportError::JoinedNodeLost { node: NodeId(1), .. }),
             "{root_err}"
         );
         let deadline = Deadline::after(t);
-        let told = recv(&mut rank_2, root, &deadline, "receive from", || "the reject".into());
+        let mut told = recv(&mut rank_2, root, &deadline, "receive from", || "the reject".into());
+        if matches!(told, Ok(Handshake::Table { .. })) {
+            told = recv(&mut rank_2, root, &deadline, "receive from", || "the reject".into());
+        }
         assert!(
             matches!(&told, Ok(Handshake::Reject { reason }) if reason.starts_with("node 1: ")),
             "{told:?}"

@@ -33,4 +33,4 @@ pub use codec::{
 };
 pub use error::TransportError;
 pub use link::{CloseCause, LinkCounters, LinkEvent, Links};
-pub use mesh::{Mesh, MeshConfig, connect_mesh};
+pub use mesh::{Mesh, MeshConfig, connect_mesh, listen_everywhere};
