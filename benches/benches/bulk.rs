@@ -80,10 +80,9 @@ fn run() -> Result<()> {
     } else {
         Config { nprocs: 2, ..config }
     };
-    // The collection threshold as the runtime resolves it (`Tmk` does not say): node 0's, which
-    // every node's decisions to collect follow.
-    let mut threshold = config.collection_threshold(config.consistency_limit_bytes(config.nprocs.into()));
     let mut tmk = Tmk::startup_with(config, vec![])?;
+    // Node 0's collection threshold, which every node's decisions to collect follow.
+    let mut threshold = tmk.collection_threshold();
     let mut rounds: u64 = if full { 20 } else { 3 };
     tmk.distribute(&mut rounds)?;
     tmk.distribute(&mut threshold)?;

@@ -45,12 +45,10 @@ fn params(nprocs: u16, full: bool) -> Result<Params> {
 }
 
 /// Starts this node with `config` and returns it with its service thread's polling budget
-/// ([`job::service_spin`]).
+/// ([`Tmk::service_spin`]).
 fn start(config: Config) -> Result<(Tmk, Duration)> {
-    // Before the startup pins this thread to one CPU.
-    let allowed_cpus = treadmarks::mem::sched::allowed_cpus();
-    let mut tmk = Tmk::startup_with(config.clone(), vec![])?;
-    let spin = job::service_spin(&config, allowed_cpus, tmk.stats()?.pinned);
+    let tmk = Tmk::startup_with(config, vec![])?;
+    let spin = tmk.service_spin();
     Ok((tmk, spin))
 }
 

@@ -5,7 +5,7 @@
 //! | figure | what node 0 times |
 //! |---|---|
 //! | `raw_rtt` | 64-byte write + 64-byte read over a plain blocking TCP socket to an echo thread of node 1 |
-//! | `raw_rtt_polled` | the same over a second socket, both ends polling it as the runtime polls its own (node 0 spins while it waits; node 1's echo thread spins for node 1's service-thread budget, [`service_spin`], after each message, then blocks) |
+//! | `raw_rtt_polled` | the same over a second socket, both ends polling it as the runtime polls its own (node 0 spins while it waits; node 1's echo thread spins for node 1's service-thread budget (`Tmk::service_spin`) after each message, then blocks) |
 //! | `ping` | `tmk.ping(1)`: app thread → runtime → node 1's runtime → back |
 //! | `lock` | `lock_acquire(1)` with the token at node 1, lock 1's manager (1 request, 1 grant) |
 //! | `barrier` | `barrier(0)`, back to back |
@@ -25,7 +25,7 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 use treadmarks::protocol::MsgKind;
-use treadmarks::{Config, Shared, Stats, Tmk};
+use treadmarks::{Shared, Stats, Tmk};
 
 /// The lock of the `lock` figure: its manager is node `1 % nprocs` = node 1.
 pub const LOCK: u32 = 1;
@@ -39,23 +39,6 @@ const RAW_MSG: usize = 64;
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long node 0 pauses before a "settled" measurement (see [`JobReport::lock_settled`]).
 pub const SETTLE: Duration = Duration::from_micros(300);
-
-/// How long this node's service thread polls its sockets while the application waits, as its
-/// runtime resolved it: `TMK_SERVICE_SPIN_US` if set, else
-/// [`DEFAULT_SERVICE_SPIN`](treadmarks::config::DEFAULT_SERVICE_SPIN) when the node is pinned
-/// and the job has no more nodes than the CPUs the process could run on before it was pinned,
-/// else none. `Tmk` does not say what it resolved, so this works it out the same way as
-/// `Tmk::startup_with` (`treadmarks/src/tmk.rs`, `service_spin`), from the node's configuration,
-/// `allowed_cpus` taken before the startup (which pins the thread to one) and
-/// [`Stats::pinned`] after it.
-pub fn service_spin(config: &Config, allowed_cpus: usize, pinned: bool) -> Duration {
-    let own_cpu = pinned && usize::from(config.nprocs) <= allowed_cpus;
-    config.service_spin.unwrap_or(if own_cpu {
-        treadmarks::config::DEFAULT_SERVICE_SPIN
-    } else {
-        Duration::ZERO
-    })
-}
 
 /// Iteration counts (fixed, no adaptive loops) and the page size. Node 0's are distributed, so
 /// the other nodes may pass anything. The figures are measured in `rounds` interleaved rounds
@@ -310,7 +293,7 @@ pub struct JobReport {
     /// `raw_rtt` with both ends polling (for information).
     pub raw_rtt_polled: Summary,
     /// How long node 1's echo thread polled after each message of `raw_rtt_polled`: node 1's
-    /// service-thread budget ([`service_spin`]).
+    /// service-thread budget (`Tmk::service_spin`).
     pub poll_budget: Duration,
     pub ping: Figure,
     pub lock: Figure,
@@ -359,7 +342,7 @@ impl JobReport {
 }
 
 /// Runs every figure on this node. Node 0's `proposed` parameters are used by all nodes;
-/// `service_spin` is this node's service-thread budget ([`service_spin`]), node 1's the one its
+/// `service_spin` is this node's service-thread budget (`Tmk::service_spin`), node 1's the one its
 /// polling echo uses. Returns the report on node 0, `None` elsewhere. Needs at least two nodes.
 pub fn run(tmk: &mut Tmk, proposed: Params, service_spin: Duration) -> Result<Option<JobReport>> {
     if tmk.nprocs() < 2 {
@@ -763,22 +746,4 @@ fn totals(tmk: &mut Tmk, p: &Params) -> Result<Vec<NodeTotals>> {
     }
     tmk.barrier(BARRIER)?;
     Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use treadmarks::config::DEFAULT_SERVICE_SPIN;
-
-    /// The polled echo polls what the runtime does: the budget asked for, else the default only
-    /// for a pinned node with a CPU of its own (a 4-node job on 2 CPUs polls nothing).
-    #[test]
-    fn the_service_spin_is_resolved_as_the_runtime_does() {
-        let two = Config { nprocs: 2, ..Config::default() };
-        assert_eq!(service_spin(&two, 2, true), DEFAULT_SERVICE_SPIN);
-        assert_eq!(service_spin(&two, 2, false), Duration::ZERO);
-        assert_eq!(service_spin(&Config { nprocs: 4, ..two.clone() }, 2, true), Duration::ZERO);
-        let asked = Config { service_spin: Some(Duration::from_micros(5000)), ..two };
-        assert_eq!(service_spin(&asked, 2, false), Duration::from_micros(5000));
-    }
 }

@@ -80,6 +80,10 @@ pub struct Tmk {
     exit_failed: bool,
     /// Pinned to one CPU (`Stats::pinned`).
     pinned: bool,
+    /// What this node resolved its settings to ([`Tmk::collection_threshold`],
+    /// [`Tmk::service_spin`]).
+    collection_threshold: u64,
+    service_spin: Duration,
     /// The application thread's affinity before it was pinned, put back at exit or drop.
     unpinned: Option<crate::mem::sched::Affinity>,
     /// Locks this node holds (releases are checked here, since they do not wait for a reply).
@@ -210,13 +214,14 @@ impl Tmk {
         let local_job = matches!(config.role, Role::Launcher) || launch::spawned_by_launcher();
         let local_nodes = if local_job { u64::from(n) } else { 1 };
         let consistency_limit = config.consistency_limit_bytes(local_nodes);
+        let collection_threshold = config.collection_threshold(consistency_limit);
         let node_cfg = NodeConfig {
             me,
             nprocs: n,
             nlocks: config.nlocks,
             nbarriers: config.nbarriers,
             heap_size: config.heap_size as u64,
-            gc_threshold: config.collection_threshold(consistency_limit),
+            gc_threshold: collection_threshold,
             push: config.push,
             push_skip: config.push_skip,
             back_heap: config.back_heap,
@@ -241,6 +246,7 @@ impl Tmk {
         let mut watch = None;
         let mut cpu_claims = None;
         let mut node_pinned = false;
+        let mut resolved_spin = Duration::ZERO;
         let mut unpinned = None;
         let (engine, faults) = if n == 1 {
             (
@@ -327,6 +333,7 @@ impl Tmk {
             } else {
                 std::time::Duration::ZERO
             });
+            resolved_spin = service_spin;
             let doorbell = Doorbell::new()?;
             doorbell.set_spin(config.app_spin);
             let faults = FaultHandler::install(heap.clone(), doorbell.clone())?;
@@ -385,12 +392,28 @@ impl Tmk {
             last_error: std::cell::RefCell::new(None),
             exit_failed: false,
             pinned: node_pinned,
+            collection_threshold,
+            service_spin: resolved_spin,
             unpinned: unpinned.and_then(crate::mem::sched::AffinityGuard::disarm).filter(|_| node_pinned),
             held: Vec::new(),
             nlocks: config.nlocks,
             _faults: faults,
             heap,
         })
+    }
+
+    /// The consistency data (bytes) past which this node asks the next barrier to collect, as
+    /// it resolved it: `TMK_GC_THRESHOLD`, else 32 MiB or a quarter of the heap, at most half
+    /// the consistency limit ([`Config::collection_threshold`]).
+    pub fn collection_threshold(&self) -> u64 {
+        self.collection_threshold
+    }
+
+    /// How long this node's service thread polls after each message while the application waits
+    /// (`TMK_SERVICE_SPIN_US`, else 1 ms where the node has a CPU of its own, else none; none in
+    /// a one-node job, which has no service thread).
+    pub fn service_spin(&self) -> Duration {
+        self.service_spin
     }
 
     /// This node's rank, `0..nprocs()` (TreadMarks' `Tmk_proc_id`).

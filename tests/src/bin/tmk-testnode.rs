@@ -611,6 +611,9 @@ fn lock_only(tmk: &mut Tmk) -> R {
     const PAGES: usize = 2048;
     let a = shared::<u64>(tmk, n * PAGES * 512)?;
     let lock = u32::try_from(me).expect("a few nodes");
+    // The threshold the test sets, under half the limit it sets, is the one the node resolved.
+    let threshold = tmk.collection_threshold();
+    check(threshold == 8192, || format!("node {me} collects at {threshold} bytes, not 8192"))?;
     let mut rounds = 0u64;
     let failed = loop {
         match tmk.lock(lock) {
