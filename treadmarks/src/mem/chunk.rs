@@ -11,7 +11,11 @@
 //! its chunk. A chunk wastes at most the tail that did not fit the next diff. Each chunk is a
 //! mapping: the consistency data a node holds before it collects (32 MiB by default) is about
 //! 16 of them, well inside the mappings the `mprotect` backend leaves spare
-//! ([`MAP_COUNT_MARGIN`](super::MAP_COUNT_MARGIN)).
+//! ([`MAP_COUNT_MARGIN`](super::MAP_COUNT_MARGIN)). A program that never collects may hold far
+//! more (up to its consistency limit, gigabytes), so at most [`MAX_CHUNKS`] chunks are mapped at
+//! once, half that margin; past it diffs get allocations of their own, as big ones do, and the
+//! heap's protection changes keep the mappings they may need (an `mprotect` refused for want of
+//! one would stop the node inside a fault).
 //!
 //! When its last diff is dropped (a collection drops them together) a chunk goes to a pool of
 //! at most [`POOL_CHUNKS`], and the next chunk any thread needs comes from there: memory in
@@ -52,6 +56,12 @@ const MAX_PIECE: usize = CHUNK / 16;
 /// Most retired chunks kept for reuse (64 MiB: twice the consistency data a node holds before
 /// it collects, by default).
 pub const POOL_CHUNKS: usize = 32;
+
+/// Most chunks mapped at once, pooled ones included (1 GiB).
+pub const MAX_CHUNKS: usize = super::MAP_COUNT_MARGIN as usize / 2;
+
+/// Chunks mapped now, pooled ones included.
+static LIVE: AtomicUsize = AtomicUsize::new(0);
 
 /// Retired chunks' mappings, for reuse. Addresses, so that the pool is `Send` without `unsafe`.
 static POOL: Mutex<Vec<usize>> = Mutex::new(Vec::new());
@@ -127,8 +137,24 @@ impl Chunk {
         }
     }
 
-    /// Maps a fresh chunk, or `None` if the kernel refuses.
+    /// Maps a fresh chunk, or `None` if [`MAX_CHUNKS`] are mapped already or the kernel refuses.
     fn map() -> Option<Chunk> {
+        // Counted before it is made, so that threads mapping at once stay within the bound.
+        if LIVE
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| (n < MAX_CHUNKS).then_some(n + 1))
+            .is_err()
+        {
+            return None;
+        }
+        let chunk = Chunk::map_fresh();
+        if chunk.is_none() {
+            LIVE.fetch_sub(1, Ordering::Relaxed);
+        }
+        chunk
+    }
+
+    /// Maps a fresh chunk, or `None` if the kernel refuses.
+    fn map_fresh() -> Option<Chunk> {
         let span = 2 * CHUNK;
         // SAFETY: no fixed address: a new private anonymous mapping that nothing else uses.
         let raw = unsafe {
@@ -217,6 +243,7 @@ impl Drop for Chunk {
         drop(pool);
         // SAFETY: the mapping is ours and, the last reference being gone, unused.
         unsafe { libc::munmap(self.base.as_ptr().cast(), CHUNK) };
+        LIVE.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -309,6 +336,33 @@ mod tests {
         assert_eq!(chunk.as_ref(), &[5; 10][..]);
         assert_eq!(chunk.append(&[&[1, 2], &[], &[3]], 3), Some(10), "parts land back to back");
         assert_eq!(&chunk.as_ref()[10..], &[1, 2, 3][..]);
+    }
+
+    /// At most `MAX_CHUNKS` chunks are mapped at once; past it a piece gets an allocation of its
+    /// own, and a chunk retired to the pool serves again. In a process of its own: the bound is
+    /// the process's, and holding every chunk would starve the other tests' stores.
+    #[test]
+    fn no_more_chunks_are_mapped_than_the_bound_and_pieces_then_are_copied() {
+        use crate::mem::tests::{run_in_child, test_name};
+        run_in_child(test_name!(no_more_chunks_are_mapped_than_the_bound_and_pieces_then_are_copied), || {
+            let mut held = Vec::new();
+            while let Some(chunk) = Chunk::map() {
+                held.push(chunk);
+                assert!(held.len() <= MAX_CHUNKS, "{} chunks mapped", held.len());
+            }
+            assert_eq!((held.len(), LIVE.load(Ordering::Relaxed)), (MAX_CHUNKS, MAX_CHUNKS));
+            let copied = std::thread::spawn(|| store(&[1u8; 64])).join().unwrap();
+            assert_eq!((&*copied, copied.owner_len()), (&[1u8; 64][..], 64), "an allocation of its own");
+            // Dropped, the first go to the pool, the rest are unmapped.
+            drop(held);
+            assert_eq!(LIVE.load(Ordering::Relaxed), POOL_CHUNKS);
+            let reused = counts().reused;
+            let stored = std::thread::spawn(|| store(&[2u8; 64])).join().unwrap();
+            assert_eq!(&*stored, &[2u8; 64][..]);
+            assert_eq!(counts().reused, reused + 1, "a pooled chunk serves");
+            assert_eq!(LIVE.load(Ordering::Relaxed), POOL_CHUNKS);
+        })
+        .assert_success();
     }
 
     #[test]
