@@ -233,7 +233,10 @@ pub(crate) fn follow_launcher(me: NodeId) {
     if following && nix::unistd::getppid().as_raw() != pid {
         // Alive, but not our parent: the variables came down from a node of its job, to a
         // program that node started.
-        let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok();
+        let alive = !matches!(
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None),
+            Err(nix::errno::Errno::ESRCH)
+        );
         crate::report(&if alive {
             format!(
                 "treadmarks: this process was started by a node of the job launched by pid {pid}, not by \
