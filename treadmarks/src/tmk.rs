@@ -145,6 +145,13 @@ impl Tmk {
 
     /// [`Tmk::startup_with`], once this process may start its node.
     fn start(config: Config, args: Vec<String>) -> Result<Tmk> {
+        if let Some(pid) = launch::started_by_a_node() {
+            return Err(Error::Failed(format!(
+                "this process was started by a node of the job launched by pid {pid}, and inherited its \
+                 variables: it cannot join that job; to start a job of its own, remove TMK_RANK, \
+                 TMK_NPROCS, TMK_ROOT and TMK_LAUNCHER_PID from its environment"
+            )));
+        }
         let config =
             if launch::spawned_by_launcher() { Config::from_env_and_args(Vec::new())?.0 } else { config };
         // A node started by hand to join a job (`TMK_RANK`, "Running across hosts") whose code
@@ -295,7 +302,10 @@ impl Tmk {
                                 Error::Config(crate::config::ConfigError::Invalid {
                                     name: "TMK_ROOT / --root",
                                     value: format!("{name}:{}", root.port()),
-                                    why: format!("node 0 cannot listen on {at}: {e}"),
+                                    why: format!(
+                                        "node 0 cannot listen on every interface at port {}: {e}",
+                                        at.port()
+                                    ),
                                 })
                             })?;
                             crate::report(&format!(

@@ -123,7 +123,8 @@ unsafe impl Send for Chunk {}
 unsafe impl Sync for Chunk {}
 
 impl Chunk {
-    /// A retired chunk from the pool, else a fresh mapping; `None` if the kernel refuses one.
+    /// A retired chunk from the pool, else a fresh mapping; `None` if [`MAX_CHUNKS`] are mapped
+    /// already or the kernel refuses one.
     fn take() -> Option<Chunk> {
         let reused = POOL.lock().unwrap_or_else(|e| e.into_inner()).pop();
         match reused.and_then(|a| NonNull::new(a as *mut u8)) {
@@ -253,7 +254,8 @@ thread_local! {
 }
 
 /// A shared copy of `bytes`, appended to this thread's current chunk (a new one when it is
-/// full); pieces too big for a chunk, or a failed mapping, get an allocation of their own.
+/// full); pieces too big for a chunk, or that find no chunk ([`MAX_CHUNKS`] mapped, or a mapping
+/// refused), get an allocation of their own.
 pub fn store(bytes: &[u8]) -> SharedBytes {
     store_parts(&[bytes])
 }

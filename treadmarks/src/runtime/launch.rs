@@ -206,8 +206,8 @@ pub(crate) fn claimed_cpus() -> Option<Vec<usize>> {
 /// True in a node a launcher spawned on its own machine: told its rank and the launcher's pid,
 /// which is its parent's. A launcher that another program started and told its pid
 /// (`TMK_LAUNCHER_PID` alone, to die with it: the core bench's re-executed 4-node launcher) is
-/// not one, nor is a program a node starts, which inherits the node's environment: it does not
-/// take the launcher's settings over its own, and [`follow_launcher`] stops it, saying why.
+/// not one, nor is a program a node starts, which inherits the node's environment
+/// ([`started_by_a_node`]: its startup is refused, saying why).
 pub(crate) fn spawned_by_launcher() -> bool {
     spawned_by_launcher_in(|k| std::env::var_os(k))
 }
@@ -221,6 +221,22 @@ pub(crate) fn spawned_by_launcher_in(var: impl Fn(&str) -> Option<std::ffi::OsSt
     set("TMK_RANK") && var("TMK_LAUNCHER_PID").is_some_and(|pid| pid.to_str() == Some(parent.as_str()))
 }
 
+/// The launcher's pid, in a program that a node of a launched job started: its environment is
+/// the node's (`TMK_RANK`, `TMK_LAUNCHER_PID`, ...), and its parent's parent is the launcher.
+/// Such a program cannot join that job, and would take itself for a node of it.
+pub(crate) fn started_by_a_node() -> Option<i32> {
+    let pid: i32 = std::env::var("TMK_LAUNCHER_PID").ok()?.parse().ok()?;
+    std::env::var_os("TMK_RANK").filter(|r| !r.is_empty())?;
+    let parent = nix::unistd::getppid().as_raw();
+    (parent != pid && parent_of(parent) == Some(pid)).then_some(pid)
+}
+
+/// The parent of process `pid` (`/proc/<pid>/stat`'s fourth field, after the command's `)`).
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// In a node spawned by a launcher (node `me`): die with the launcher, even if it is killed,
 /// saying so (`mem/orphan.rs`), or silently where that cannot be set up.
 pub(crate) fn follow_launcher(me: NodeId) {
@@ -231,21 +247,7 @@ pub(crate) fn follow_launcher(me: NodeId) {
     let following = crate::mem::orphan::die_with_parent(pid, &said).is_ok()
         || nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).is_ok();
     if following && nix::unistd::getppid().as_raw() != pid {
-        // Alive, but not our parent: the variables came down from a node of its job, to a
-        // program that node started.
-        let alive = !matches!(
-            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None),
-            Err(nix::errno::Errno::ESRCH)
-        );
-        crate::report(&if alive {
-            format!(
-                "treadmarks: this process was started by a node of the job launched by pid {pid}, not by \
-                 that launcher, and cannot join the job: to start a job of its own, remove TMK_RANK, \
-                 TMK_NPROCS, TMK_ROOT and TMK_LAUNCHER_PID from its environment; exiting"
-            )
-        } else {
-            format!("treadmarks: the launcher (pid {pid}) is gone; exiting")
-        });
+        crate::report(&format!("treadmarks: the launcher (pid {pid}) is gone; exiting"));
         std::process::exit(1);
     }
 }

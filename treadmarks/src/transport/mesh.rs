@@ -64,7 +64,7 @@ const FINGERPRINT_SHOWN: usize = 200;
 /// Sleep between polls of a nonblocking listener.
 const ACCEPT_POLL: Duration = Duration::from_millis(1);
 
-/// Longest an attempt to reach the root waits for one of several addresses to answer.
+/// Longest an attempt to reach a root given by name waits for one of its addresses to answer.
 const CONNECT_EACH: Duration = Duration::from_secs(2);
 
 /// First and largest pause between attempts to reach a root that is not listening yet.
@@ -150,7 +150,14 @@ pub fn listen_everywhere(port: u16) -> io::Result<TcpListener> {
         listen(&fd, Backlog::new(128)?)?;
         Ok(TcpListener::from(fd))
     };
-    dual().or_else(|_| TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port))))
+    match dual() {
+        Ok(listener) => Ok(listener),
+        // No IPv6 here (a kernel without it, or with it off): IPv4 alone.
+        Err(nix::errno::Errno::EAFNOSUPPORT | nix::errno::Errno::EADDRNOTAVAIL) => {
+            TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port)))
+        }
+        Err(e) => Err(io::Error::from(e)),
+    }
 }
 
 /// Runs the meeting and returns the mesh.
@@ -667,6 +674,9 @@ fn connect_root(
         None => format!("the root (node 0) to accept us at {root}"),
     };
     let mut pause = CONNECT_BACKOFF.0;
+    // The name's other addresses, looked up again at most once a second (a resolver that must
+    // ask a server would be asked at every attempt, up to ten a second, while node 0 is not up).
+    let mut others: (Vec<SocketAddr>, Option<std::time::Instant>) = (Vec::new(), None);
     loop {
         let mut addrs = vec![root];
         let (mut retry, mut fatal) = (false, None);
@@ -703,7 +713,13 @@ fn connect_root(
             if i == 0
                 && let Some(resolve) = resolve.as_mut()
             {
-                addrs.extend(resolve().into_iter().filter(|a| *a != root));
+                if others.1.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
+                    others = (
+                        resolve().into_iter().filter(|a| *a != root).collect(),
+                        Some(std::time::Instant::now()),
+                    );
+                }
+                addrs.extend(others.0.iter().copied());
             }
             i += 1;
         }
