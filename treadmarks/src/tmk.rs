@@ -146,11 +146,16 @@ impl Tmk {
     /// [`Tmk::startup_with`], once this process may start its node.
     fn start(config: Config, args: Vec<String>) -> Result<Tmk> {
         if let Some(pid) = launch::started_by_a_node() {
-            return Err(Error::Failed(format!(
-                "this process was started by a node of the job launched by pid {pid}, and inherited its \
-                 variables: it cannot join that job; to start a job of its own, remove TMK_RANK, \
-                 TMK_NPROCS, TMK_ROOT and TMK_LAUNCHER_PID from its environment"
-            )));
+            return Err(crate::config::ConfigError::Invalid {
+                name: "TMK_LAUNCHER_PID",
+                value: pid.to_string(),
+                why: format!(
+                    "this process was started by a node of the job launched by pid {pid}, and inherited \
+                     its variables: it cannot join that job; to start a job of its own, remove TMK_RANK, \
+                     TMK_NPROCS, TMK_ROOT and TMK_LAUNCHER_PID from its environment"
+                ),
+            }
+            .into());
         }
         let config =
             if launch::spawned_by_launcher() { Config::from_env_and_args(Vec::new())?.0 } else { config };
