@@ -556,13 +556,13 @@ impl Config {
         Ok((c, rest))
     }
 
-    /// Where node 0 listens, when it joins a job by hand: the root's address, or every interface
-    /// at its port (`[::]`: [`crate::transport::listen_everywhere`] takes IPv4 there too, or IPv4
-    /// alone on a host without IPv6) where the root was
-    /// given as a host name that resolves to a loopback address here but is no loopback name
-    /// (`localhost`): Debian and Ubuntu map the host's own name to 127.0.1.1 in `/etc/hosts`, and
-    /// a node 0 listening there was unreachable from the other hosts, whose resolvers give its
-    /// network address (an IPv6 one, maybe); they failed at the meeting's timeout.
+    /// Where node 0 listens, when it joins a job by hand: the root's address, or every interface at its
+    /// port (`[::]`: [`crate::transport::listen_everywhere`] takes IPv4 there too, or IPv4 alone on a
+    /// host without IPv6) where the root was given as a host name that resolves to a loopback address
+    /// here but is no loopback name (`localhost`): Debian and Ubuntu map the host's own name to
+    /// 127.0.1.1 in `/etc/hosts`, and a node 0 listening there was unreachable from the other hosts,
+    /// whose resolvers give its network address (an IPv6 one, maybe); they failed at the meeting's
+    /// timeout.
     pub fn root_listen_addr(&self) -> Option<SocketAddr> {
         let root = self.root?;
         // The names resolvers give the loopback addresses (`/etc/hosts` of Debian, Red Hat, ...).
