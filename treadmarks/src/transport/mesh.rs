@@ -548,15 +548,14 @@ fn meet_as_peer(cfg: &MeshConfig, deadline: &Deadline, peers: &mut [Option<TcpSt
     let mut root = connect_root(cfg.root, by_name, deadline, TcpStream::connect_timeout)?;
     // Where the root answered: the root's address, or another its name has.
     let at = root.peer_addr().unwrap_or(cfg.root);
-    let local_ip = root
-        .local_addr()
-        .map_err(|source| TransportError::Io {
-            op: "read our address on the connection to the root at",
-            addr: at,
-            source,
-        })?
-        .ip();
-    let bind_at = SocketAddr::new(local_ip, 0);
+    let mut bind_at = root.local_addr().map_err(|source| TransportError::Io {
+        op: "read our address on the connection to the root at",
+        addr: at,
+        source,
+    })?;
+    // Our address on that link, at a port of the kernel's choosing (an IPv6 link-local one keeps
+    // its interface: bound without one, it is refused).
+    bind_at.set_port(0);
     let listener = TcpListener::bind(bind_at).map_err(|source| TransportError::Io {
         op: "bind our mesh listener at",
         addr: bind_at,
@@ -586,6 +585,7 @@ fn meet_as_peer(cfg: &MeshConfig, deadline: &Deadline, peers: &mut [Option<TcpSt
 
     // Lower ranks already listen (everyone binds before sending its hello): connect to them.
     for (j, &addr) in addrs.iter().enumerate().take(rank.idx()).skip(1) {
+        let addr = on_our_link(addr, bind_at);
         let mut stream = connect_once(addr, deadline, || format!("a connection to node {j} at {addr}"))?;
         send(&mut stream, addr, &Handshake::MeshHello { rank }, deadline, "send our mesh hello to")?;
         peers[j] = Some(stream);
@@ -645,6 +645,21 @@ fn meet_as_peer(cfg: &MeshConfig, deadline: &Deadline, peers: &mut [Option<TcpSt
 }
 
 /// The root's last handshake: `Go`, or a `Reject` saying why the meeting failed.
+/// `addr` from the root's table, reachable from `ours` (our address on the link to the root): an
+/// IPv6 link-local address travels without its interface (the table's encoding drops it, and a
+/// peer's interface index means nothing here), so it takes ours, the same link's.
+fn on_our_link(addr: SocketAddr, ours: SocketAddr) -> SocketAddr {
+    match (addr, ours) {
+        (SocketAddr::V6(mut theirs), SocketAddr::V6(ours))
+            if theirs.ip().is_unicast_link_local() && theirs.scope_id() == 0 =>
+        {
+            theirs.set_scope_id(ours.scope_id());
+            SocketAddr::V6(theirs)
+        }
+        _ => addr,
+    }
+}
+
 fn root_said_go(reply: Handshake, addr: SocketAddr) -> Result<()> {
     match reply {
         Handshake::Go => Ok(()),
@@ -996,6 +1011,19 @@ mod tests {
                 .unwrap_err();
         assert!(matches!(err, TransportError::Timeout { .. }), "{err}");
         assert!(err.to_string().contains("the last attempt: host unreachable"), "{err}");
+    }
+
+    /// A link-local peer from the table takes our interface; other addresses are left as they are.
+    #[test]
+    fn a_link_local_peer_is_reached_on_our_link() {
+        let ours: SocketAddr = "[fe80::1%3]:0".parse().unwrap();
+        let theirs: SocketAddr = "[fe80::2]:7000".parse().unwrap();
+        assert_eq!(on_our_link(theirs, ours), "[fe80::2%3]:7000".parse::<SocketAddr>().unwrap());
+        for other in ["[2001:db8::2]:7000", "10.0.0.2:7000", "[fe80::2%5]:7000"] {
+            let other: SocketAddr = other.parse().unwrap();
+            assert_eq!(on_our_link(other, ours), other);
+        }
+        assert_eq!(on_our_link(theirs, "10.0.0.1:0".parse().unwrap()), theirs);
     }
 
     /// Listening everywhere takes IPv4 and, where the host has it, IPv6 connections on one port.
