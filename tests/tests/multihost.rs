@@ -123,6 +123,11 @@ impl Lan {
 
     /// [`Lan::run`], the nodes meeting node 0 at `root`.
     fn run_with_root(&self, backend: &str, scenario: &str, slot: u64, root: &str) -> Vec<Outcome> {
+        self.run_with_roots(backend, scenario, slot, &vec![root.to_string(); self.hosts.len()])
+    }
+
+    /// [`Lan::run`], node `r` meeting node 0 at `roots[r]`.
+    fn run_with_roots(&self, backend: &str, scenario: &str, slot: u64, roots: &[String]) -> Vec<Outcome> {
         let n = self.hosts.len().to_string();
         let jobs: Vec<Job> = self
             .hosts
@@ -134,7 +139,7 @@ impl Lan {
                     .env("TMK_FAULTS", backend)
                     .env("TMK_NPROCS", &n)
                     .env("TMK_RANK", rank.to_string())
-                    .env("TMK_ROOT", root)
+                    .env("TMK_ROOT", &roots[rank])
                     .env("TMK_HEAP_SIZE", "64MiB")
                     .env("TMK_HEAP_BASE", heap_base(slot))
                     .env("TMK_CONNECT_TIMEOUT", "20")
@@ -296,5 +301,33 @@ fn a_root_named_by_a_host_whose_own_name_is_loopback_is_reached() {
     assert!(everywhere.iter().any(|l| outs[0].stderr.contains(l)), "{:#?}", outs[0]);
     for out in &outs[1..] {
         assert!(!out.stderr.contains(&nobody.to_string()), "{out:#?}");
+    }
+}
+
+/// Hosts that share only an IPv6 link meet over link-local addresses, each naming node 0's with
+/// its own interface (`[fe80::1%<index>]`): a member bound its listener without the interface,
+/// which the kernel refuses, and the table that tells the others where it listens carries no
+/// interface either.
+#[test]
+fn three_hosts_meet_over_ipv6_link_local_addresses() {
+    let Some(lan) = lan_or_skip(3, 3) else { return };
+    let mut roots = Vec::new();
+    for (r, host) in lan.hosts.iter().enumerate() {
+        let own = format!("fe80::{}/64", r + 1);
+        let index = ip(&["-n", host, "addr", "add", &own, "dev", "eth0", "nodad"])
+            .and_then(|_| ip(&["-n", host, "-o", "link", "show", "eth0"]))
+            .map(|link| link.split(':').next().unwrap_or_default().trim().to_string());
+        match index {
+            Ok(index) if !index.is_empty() => roots.push(format!("[fe80::1%{index}]:{ROOT_PORT}")),
+            other => {
+                eprintln!("skipping: no IPv6 link-local address on {host}: {other:?}");
+                return;
+            }
+        }
+    }
+    let outs = lan.run_with_roots(support::backends()[0], "counter", 23, &roots);
+    outs[0].assert_pass("counter");
+    for (rank, out) in outs.iter().enumerate() {
+        assert_eq!(out.code, Some(0), "node {rank} on {} failed: {out:#?}", lan.hosts[rank]);
     }
 }
