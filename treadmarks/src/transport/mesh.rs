@@ -539,11 +539,8 @@ fn reject(mut stream: TcpStream, addr: SocketAddr, reason: &str) {
 
 fn meet_as_peer(cfg: &MeshConfig, deadline: &Deadline, peers: &mut [Option<TcpStream>]) -> Result<()> {
     let rank = cfg.rank;
-    let resolve = |name: &str| {
-        use std::net::ToSocketAddrs;
-        (name, cfg.root.port()).to_socket_addrs().map(Iterator::collect).unwrap_or_default()
-    };
-    let mut by_name = cfg.root_name.as_deref().map(|name| move || resolve(name));
+    let mut lookup = cfg.root_name.as_deref().map(|name| Lookup::new(name, cfg.root.port()));
+    let mut by_name = lookup.as_mut().map(|l| move || l.addrs(LOOKUP_WAIT));
     let by_name = by_name.as_mut().map(|r| r as &mut dyn FnMut() -> Vec<SocketAddr>);
     let mut root = connect_root(cfg.root, by_name, deadline, TcpStream::connect_timeout)?;
     // Where the root answered: the root's address, or another its name has.
@@ -645,6 +642,51 @@ fn meet_as_peer(cfg: &MeshConfig, deadline: &Deadline, peers: &mut [Option<TcpSt
 }
 
 /// The root's last handshake: `Go`, or a `Reject` saying why the meeting failed.
+/// Longest an attempt to reach the root waits for its name to be looked up.
+const LOOKUP_WAIT: Duration = Duration::from_millis(500);
+
+/// A host name looked up on a thread of its own, so that a resolver that does not answer (a name
+/// server gone) holds up the meeting no longer than its deadline: one lookup at a time, its
+/// answer kept for the attempts that come before the next.
+struct Lookup {
+    name: String,
+    port: u16,
+    /// The lookup on its way, if one is.
+    pending: Option<std::sync::mpsc::Receiver<Vec<SocketAddr>>>,
+    /// The latest answer.
+    known: Vec<SocketAddr>,
+}
+
+impl Lookup {
+    fn new(name: &str, port: u16) -> Lookup {
+        Lookup { name: name.to_string(), port, pending: None, known: Vec::new() }
+    }
+
+    /// The name's addresses: a new answer if one comes within `wait` (a lookup is started if none
+    /// is on its way), else the latest.
+    fn addrs(&mut self, wait: Duration) -> Vec<SocketAddr> {
+        let pending = self.pending.get_or_insert_with(|| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let (name, port) = (self.name.clone(), self.port);
+            thread::spawn(move || {
+                use std::net::ToSocketAddrs;
+                let addrs =
+                    (name.as_str(), port).to_socket_addrs().map(Iterator::collect).unwrap_or_default();
+                let _ = tx.send(addrs);
+            });
+            rx
+        });
+        match pending.recv_timeout(wait) {
+            Ok(addrs) => {
+                (self.known, self.pending) = (addrs, None);
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => self.pending = None,
+        }
+        self.known.clone()
+    }
+}
+
 /// `addr` from the root's table, reachable from `ours` (our address on the link to the root): an
 /// IPv6 link-local address travels without its interface (the table's encoding drops it, and a
 /// peer's interface index means nothing here), so it takes ours, the same link's.
@@ -672,7 +714,7 @@ fn root_said_go(reply: Handshake, addr: SocketAddr) -> Result<()> {
 /// at every attempt once `root` failed: a name, unlike an address, may come to resolve), with
 /// `connect`, retrying until the deadline while it is not listening yet, or not reachable yet (its
 /// host starting: the kernel may give up on a connection that gets no answer, ~2 min, long before
-/// a generous deadline). The resolver's own waits are not bounded by the deadline.
+/// a generous deadline). `resolve` must not wait long ([`Lookup`]).
 fn connect_root(
     root: SocketAddr,
     mut resolve: Option<&mut dyn FnMut() -> Vec<SocketAddr>>,
@@ -1011,6 +1053,27 @@ mod tests {
                 .unwrap_err();
         assert!(matches!(err, TransportError::Timeout { .. }), "{err}");
         assert!(err.to_string().contains("the last attempt: host unreachable"), "{err}");
+    }
+
+    /// A name is looked up on a thread of its own, and its answer kept for the calls that come
+    /// before the next lookup's.
+    #[test]
+    fn a_lookup_answers_within_its_wait_or_with_what_it_knew() {
+        // Asked until its lookup has answered (bounded: a resolver gives up by itself).
+        let answer = |lookup: &mut Lookup| {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let mut addrs = lookup.addrs(Duration::from_millis(100));
+            while lookup.pending.is_some() && Instant::now() < deadline {
+                addrs = lookup.addrs(Duration::from_millis(100));
+            }
+            assert!(lookup.pending.is_none(), "no answer in 60 s");
+            addrs
+        };
+        let mut local = Lookup::new("localhost", 7000);
+        let addrs = answer(&mut local);
+        assert!(addrs.iter().any(|a| a.ip().is_loopback() && a.port() == 7000), "{addrs:?}");
+        // The next call starts another lookup and, if it has not answered yet, gives the last.
+        assert!(!local.addrs(Duration::ZERO).is_empty(), "the answer is kept");
     }
 
     /// A link-local peer from the table takes our interface; other addresses are left as they are.
