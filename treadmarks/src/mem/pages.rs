@@ -434,9 +434,8 @@ impl PageMemory for HeapPages {
             // `self.0` is, and aligned to 8 (pages are), as `AtomicU64` requires; nothing in
             // this process accesses the runtime view's word non-atomically meanwhile (the
             // application stores through its own view, see above).
-            let word = unsafe { std::sync::atomic::AtomicU64::from_ptr(words.add(k)) }
-                .load(std::sync::atomic::Ordering::Relaxed);
-            chunk.copy_from_slice(&word.to_ne_bytes());
+            let word = unsafe { std::sync::atomic::AtomicU64::from_ptr(words.add(k)) };
+            chunk.copy_from_slice(&word.load(std::sync::atomic::Ordering::Relaxed).to_ne_bytes());
         }
     }
 
