@@ -398,35 +398,14 @@ fn gather_hellos(
     joined: &mut [Option<Joined>],
 ) -> Result<(), (TransportError, Option<(TcpStream, SocketAddr)>)> {
     let nprocs = cfg.nprocs;
-    let accept_err =
-        |source| (TransportError::Io { op: "accept a connection on", addr: root_addr, source }, None);
-    listener.set_nonblocking(true).map_err(accept_err)?;
+    listener.set_nonblocking(true).map_err(|source| {
+        (TransportError::Io { op: "accept a connection on", addr: root_addr, source }, None)
+    })?;
     // Accepted, and silent so far.
     let mut quiet: Vec<(TcpStream, SocketAddr)> = Vec::new();
     loop {
-        loop {
-            match listener.accept() {
-                Ok((stream, from)) => {
-                    let blocking = stream.set_nonblocking(false).map_err(|source| TransportError::Io {
-                        op: "make blocking the connection from",
-                        addr: from,
-                        source,
-                    });
-                    blocking.and_then(|()| set_nodelay(&stream, from)).map_err(|e| (e, None))?;
-                    quiet.push((stream, from));
-                }
-                Err(err)
-                    if matches!(
-                        err.kind(),
-                        io::ErrorKind::WouldBlock
-                            | io::ErrorKind::Interrupted
-                            | io::ErrorKind::ConnectionAborted
-                    ) =>
-                {
-                    break;
-                }
-                Err(source) => return Err(accept_err(source)),
-            }
+        while let Some(accepted) = accept_ready(listener, root_addr).map_err(|e| (e, None))? {
+            quiet.push(accepted);
         }
         let mut i = 0;
         while i < quiet.len() {
@@ -815,31 +794,43 @@ fn accept(
     waiting_for: impl Fn() -> String,
     mut watch: impl FnMut() -> Result<()>,
 ) -> Result<(TcpStream, SocketAddr)> {
-    let io_err = |source| TransportError::Io { op: "accept a connection on", addr: local, source };
-    listener.set_nonblocking(true).map_err(io_err)?;
+    listener.set_nonblocking(true).map_err(|source| TransportError::Io {
+        op: "accept a connection on",
+        addr: local,
+        source,
+    })?;
     loop {
-        match listener.accept() {
-            Ok((stream, from)) => {
-                stream.set_nonblocking(false).map_err(|source| TransportError::Io {
-                    op: "make blocking the connection from",
-                    addr: from,
-                    source,
-                })?;
-                set_nodelay(&stream, from)?;
-                return Ok((stream, from));
-            }
-            Err(err)
-                if matches!(
-                    err.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
-                ) =>
-            {
-                watch()?;
-                let remaining = deadline.remaining(&waiting_for)?;
-                thread::sleep(ACCEPT_POLL.min(remaining));
-            }
-            Err(source) => return Err(io_err(source)),
+        if let Some(accepted) = accept_ready(listener, local)? {
+            return Ok(accepted);
         }
+        watch()?;
+        let remaining = deadline.remaining(&waiting_for)?;
+        thread::sleep(ACCEPT_POLL.min(remaining));
+    }
+}
+
+/// A connection waiting on the nonblocking `listener` (bound at `local`), made blocking and with
+/// `TCP_NODELAY`, or `None` if none waits.
+fn accept_ready(listener: &TcpListener, local: SocketAddr) -> Result<Option<(TcpStream, SocketAddr)>> {
+    match listener.accept() {
+        Ok((stream, from)) => {
+            stream.set_nonblocking(false).map_err(|source| TransportError::Io {
+                op: "make blocking the connection from",
+                addr: from,
+                source,
+            })?;
+            set_nodelay(&stream, from)?;
+            Ok(Some((stream, from)))
+        }
+        Err(err)
+            if matches!(
+                err.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
+            ) =>
+        {
+            Ok(None)
+        }
+        Err(source) => Err(TransportError::Io { op: "accept a connection on", addr: local, source }),
     }
 }
 
