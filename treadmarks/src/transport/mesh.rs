@@ -625,26 +625,29 @@ fn meet_as_peer(cfg: &MeshConfig, deadline: &Deadline, peers: &mut [Option<TcpSt
 const LOOKUP_WAIT: Duration = Duration::from_millis(500);
 
 /// A host name looked up on a thread of its own, so that a resolver that does not answer (a name
-/// server gone) holds up the meeting no longer than its deadline: one lookup at a time, its
-/// answer kept for the attempts that come before the next.
+/// server gone) holds up the meeting no longer than its deadline: one lookup at a time, started
+/// at most once a second (a resolver that asks a server would otherwise be asked at every
+/// attempt, up to ten a second, while node 0 is not up), its answer kept meanwhile.
 struct Lookup {
     name: String,
     port: u16,
     /// The lookup on its way, if one is.
     pending: Option<std::sync::mpsc::Receiver<Vec<SocketAddr>>>,
+    /// When the latest lookup started.
+    started: Option<Instant>,
     /// The latest answer.
     known: Vec<SocketAddr>,
 }
 
 impl Lookup {
     fn new(name: &str, port: u16) -> Lookup {
-        Lookup { name: name.to_string(), port, pending: None, known: Vec::new() }
+        Lookup { name: name.to_string(), port, pending: None, started: None, known: Vec::new() }
     }
 
     /// The name's addresses: a new answer if one comes within `wait` (a lookup is started if none
-    /// is on its way), else the latest.
+    /// is on its way and the last started a second ago or more), else the latest.
     fn addrs(&mut self, wait: Duration) -> Vec<SocketAddr> {
-        let pending = self.pending.get_or_insert_with(|| {
+        if self.pending.is_none() && self.started.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
             let (tx, rx) = std::sync::mpsc::channel();
             let (name, port) = (self.name.clone(), self.port);
             thread::spawn(move || {
@@ -653,8 +656,9 @@ impl Lookup {
                     (name.as_str(), port).to_socket_addrs().map(Iterator::collect).unwrap_or_default();
                 let _ = tx.send(addrs);
             });
-            rx
-        });
+            (self.pending, self.started) = (Some(rx), Some(Instant::now()));
+        }
+        let Some(pending) = &self.pending else { return self.known.clone() };
         match pending.recv_timeout(wait) {
             Ok(addrs) => {
                 (self.known, self.pending) = (addrs, None);
@@ -710,9 +714,6 @@ fn connect_root(
         None => format!("the root (node 0) to accept us at {root}"),
     };
     let mut pause = CONNECT_BACKOFF.0;
-    // The name's other addresses, looked up again at most once a second (a resolver that must
-    // ask a server would be asked at every attempt, up to ten a second, while node 0 is not up).
-    let mut others: (Vec<SocketAddr>, Option<std::time::Instant>) = (Vec::new(), None);
     loop {
         let mut addrs = vec![root];
         let (mut retry, mut fatal) = (false, None);
@@ -749,13 +750,7 @@ fn connect_root(
             if i == 0
                 && let Some(resolve) = resolve.as_mut()
             {
-                if others.1.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
-                    others = (
-                        resolve().into_iter().filter(|a| *a != root).collect(),
-                        Some(std::time::Instant::now()),
-                    );
-                }
-                addrs.extend(others.0.iter().copied());
+                addrs.extend(resolve().into_iter().filter(|a| *a != root));
             }
             i += 1;
         }
