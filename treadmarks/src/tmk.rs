@@ -157,8 +157,9 @@ impl Tmk {
             }
             .into());
         }
-        let config =
-            if launch::spawned_by_launcher() { Config::from_env_and_args(Vec::new())?.0 } else { config };
+        // A node a launcher spawned here takes the launcher's settings, whatever its code builds.
+        let spawned = launch::spawned_by_launcher();
+        let config = if spawned { Config::from_env_and_args(Vec::new())?.0 } else { config };
         // A node started by hand to join a job (`TMK_RANK`, "Running across hosts") whose code
         // builds a launcher's configuration would start a whole job of its own, on this host.
         if config.role == Role::Launcher
@@ -187,7 +188,7 @@ impl Tmk {
             // Every node of the job starts here: their startup reserves must fit.
             Role::Launcher => config.check_startup_memory(n)?,
             // A node joining by hand: its own (a launcher checked those of the nodes it spawns).
-            Role::Member { .. } if !launch::spawned_by_launcher() => config.check_startup_memory(1)?,
+            Role::Member { .. } if !spawned => config.check_startup_memory(1)?,
             Role::Member { .. } => {}
         }
         let me = match config.role {
@@ -196,7 +197,7 @@ impl Tmk {
         };
         launch::follow_launcher(me);
         // Every node started by hand reads its own environment; a spawned node, the launcher's.
-        if me == NodeId(0) || !launch::spawned_by_launcher() {
+        if me == NodeId(0) || !spawned {
             let names: Vec<String> = std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()).collect();
             for warning in crate::config::unknown_settings(names.iter().map(String::as_str)) {
                 crate::report(&format!("treadmarks: warning: {warning}"));
@@ -223,7 +224,7 @@ impl Tmk {
         let layout = HeapLayout { base: config.heap_base, size: config.heap_size, protect: n > 1 };
         let heap = Heap::map_with(layout, backend)?;
         // A job started here has all its nodes on this machine.
-        let local_job = matches!(config.role, Role::Launcher) || launch::spawned_by_launcher();
+        let local_job = matches!(config.role, Role::Launcher) || spawned;
         let local_nodes = if local_job { u64::from(n) } else { 1 };
         let consistency_limit = config.consistency_limit_bytes(local_nodes);
         let collection_threshold = config.collection_threshold(consistency_limit);
@@ -358,7 +359,7 @@ impl Tmk {
                 root,
                 // Members meet node 0 at any address its name has; a launcher's nodes, at the
                 // address it listens on.
-                root_name: if launch::spawned_by_launcher() { None } else { config.root_name.clone() },
+                root_name: if spawned { None } else { config.root_name.clone() },
                 fingerprint: config.fingerprint(),
                 timeout: config.connect_timeout,
             };
