@@ -324,19 +324,25 @@ fn own_loopback() -> std::net::Ipv4Addr {
     std::net::Ipv4Addr::new(127, 64 + ((pid >> 16) & 63) as u8, (pid >> 8) as u8, pid as u8)
 }
 
+/// `scenario` as node 1 of 2 started by hand, node 0 at a port nobody listens on: for startups
+/// refused before any meeting.
+fn node_1_by_hand(scenario: &str, slot: u64) -> std::process::Command {
+    let mut cmd = testnode();
+    cmd.args([scenario])
+        .env("TMK_NPROCS", "2")
+        .env("TMK_RANK", "1")
+        .env("TMK_ROOT", "127.0.0.1:9")
+        .env("TMK_HEAP_SIZE", "64MiB")
+        .env("TMK_HEAP_BASE", heap_base(slot));
+    cmd
+}
+
 /// A node started by hand to join a job (`TMK_RANK`) whose code gives `Tmk::startup_with` a
 /// launcher's configuration is refused at once, naming `TMK_RANK`: it had started a whole job of
 /// its own on its host, and every host's "succeeded".
 #[test]
 fn a_node_joining_by_hand_with_a_launchers_configuration_is_refused() {
-    let mut cmd = testnode();
-    cmd.args(["explicit-config"])
-        .env("TMK_NPROCS", "2")
-        .env("TMK_RANK", "1")
-        .env("TMK_ROOT", "127.0.0.1:9")
-        .env("TMK_HEAP_SIZE", "64MiB")
-        .env("TMK_HEAP_BASE", heap_base(22));
-    let out = Job::spawn(cmd).wait(Duration::from_secs(30));
+    let out = Job::spawn(node_1_by_hand("explicit-config", 22)).wait(Duration::from_secs(30));
     assert_ne!(out.code, Some(0), "{out:#?}");
     assert!(out.stderr.contains("bad value \"1\" for TMK_RANK: set, but Tmk::startup_with"), "{out:#?}");
     assert!(out.elapsed < Duration::from_secs(10), "took {:?}", out.elapsed);
@@ -348,14 +354,8 @@ fn a_node_joining_by_hand_with_a_launchers_configuration_is_refused() {
 /// Here this test process plays the node, and its own parent the launcher.
 #[test]
 fn a_program_started_by_a_node_is_told_it_cannot_join_the_job() {
-    let mut cmd = testnode();
-    cmd.args(["counter"])
-        .env("TMK_NPROCS", "2")
-        .env("TMK_RANK", "1")
-        .env("TMK_ROOT", "127.0.0.1:9")
-        .env("TMK_LAUNCHER_PID", nix::unistd::getppid().as_raw().to_string())
-        .env("TMK_HEAP_SIZE", "64MiB")
-        .env("TMK_HEAP_BASE", heap_base(23));
+    let mut cmd = node_1_by_hand("counter", 23);
+    cmd.env("TMK_LAUNCHER_PID", nix::unistd::getppid().as_raw().to_string());
     let out = Job::spawn(cmd).wait(Duration::from_secs(30));
     assert_eq!(out.code, Some(1), "{out:#?}");
     let told = format!("was started by a node of the job launched by pid {}", nix::unistd::getppid());
