@@ -95,38 +95,15 @@ impl Drop for Job {
     }
 }
 
-/// Makes the process `cmd` starts die (SIGKILL) when the thread calling this spawns it ends,
-/// however the test process ends: a test binary interrupted (Ctrl-C) or killed (a CI timeout)
-/// runs no `Drop`, and a job in a process group of its own gets neither the terminal's SIGINT
-/// nor, writing nothing, a SIGPIPE. A launcher takes its nodes along (`launch.rs`,
-/// `follow_launcher`); a node started by hand (`TMK_RANK`) follows nobody else.
-///
-/// `PR_SET_PDEATHSIG` fires when the *thread* that forked the child ends, not the process: the
-/// thread that spawns must outlive the job. Every spawn in these tests is on a test's own
-/// thread (libtest runs each test on a thread of its own, until the test returns or unwinds),
-/// which then waits for the job ([`Job::wait`] blocks it until the job ends or is killed) or
-/// drops it (which kills and reaps it): the job never outlives it. The signal survives the
-/// `exec` (these programs are not set-user-ID; `ip netns exec` execs the node without a fork),
-/// and is cleared in the children the job forks, which follow it their own way.
-///
-/// If the test process died between the fork and the hook, the child is already an orphan that
-/// no signal will reach: it checks that its parent is still the test process and otherwise
-/// exits at once (std's `_exit(1)` after a failed hook).
-pub fn die_with_this_thread(cmd: &mut Command) {
-    let parent = std::process::id() as i32;
-    // SAFETY: the hook runs in the child between fork and exec, where only async-signal-safe
-    // calls are allowed: it makes two system calls (`prctl`, `getppid`) and builds an
-    // `io::Error` from an errno, which allocates nothing and takes no lock.
-    unsafe {
-        cmd.pre_exec(move || {
-            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
-            if nix::unistd::getppid().as_raw() != parent {
-                return Err(std::io::Error::from_raw_os_error(nix::libc::ESRCH));
-            }
-            Ok(())
-        });
-    }
-}
+// The jobs the tests start die with the test's thread that spawns them, however the test
+// process ends: a test binary interrupted (Ctrl-C) or killed (a CI timeout) runs no `Drop`, and a
+// job in a process group of its own gets neither the terminal's SIGINT nor, writing nothing, a
+// SIGPIPE. A launcher takes its nodes along (`launch.rs`, `follow_launcher`); a node started by
+// hand (`TMK_RANK`) follows nobody else. Every spawn in these tests is on a test's own thread
+// (libtest runs each test on a thread of its own, until the test returns or unwinds), which then
+// waits for the job ([`Job::wait`]) or drops it (which kills and reaps it): the job never outlives
+// it. (`ip netns exec` execs the node without a fork, so the signal reaches the node.)
+pub use treadmarks::mem::orphan::die_with_this_thread;
 
 /// Removes from `cmd`'s environment every `TMK_*` variable it would inherit from this process,
 /// except `TMK_FAULTS` (the tests' choice of fault backend: see `tests/tests/support`), and

@@ -24,8 +24,9 @@
 //! (`speedup.svg`: speedup over seq against nodes; `efficiency.svg`: DSM time / threads time per
 //! app), which need no fonts or libraries to render.
 //!
-//! No `unsafe` but one hook: the apps die with the runner (`run.rs`, `die_with_the_runner`).
-#![deny(unsafe_code)]
+//! No `unsafe`: the hook that has the apps die with the runner is the library's
+//! (`run.rs`, `die_with_the_runner`).
+#![forbid(unsafe_code)]
 
 mod apps;
 mod report;

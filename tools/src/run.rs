@@ -200,23 +200,9 @@ fn run_one(plan: &Plan, app: &AppSpec, size: &Size, mode: &str, n: usize) -> Res
 /// process group of its own no signal to the runner's group reaches. A DSM app's nodes follow their
 /// launcher, the app; radix's message-passing ranks exit at their next read from its rank 0
 /// (`examples/src/mesh.rs`). Runs start on the runner's main thread, which lives as long as the
-/// runner (`PR_SET_PDEATHSIG` fires when the thread that forked the child ends). If the runner died
-/// between the fork and the hook, the child is already an orphan and exits at once.
-#[allow(unsafe_code)]
+/// runner (`PR_SET_PDEATHSIG` fires when the thread that forked the child ends).
 fn die_with_the_runner(cmd: &mut Command) {
-    let runner = std::process::id() as i32;
-    // SAFETY: the hook runs in the child between fork and exec, where only async-signal-safe
-    // calls are allowed: it makes two system calls (`prctl`, `getppid`) and builds an `io::Error`
-    // from an errno, which allocates nothing and takes no lock.
-    unsafe {
-        cmd.pre_exec(move || {
-            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
-            if nix::unistd::getppid().as_raw() != runner {
-                return Err(std::io::Error::from_raw_os_error(nix::libc::ESRCH));
-            }
-            Ok(())
-        });
-    }
+    treadmarks::mem::orphan::die_with_this_thread(cmd);
 }
 
 /// What a failed run said last: the last five lines of its standard error and then its standard

@@ -61,3 +61,30 @@ pub fn die_with_parent(parent: i32, message: &str) -> Result<(), MemError> {
     }
     Ok(())
 }
+
+/// Makes the process `cmd` starts die (SIGKILL) when the thread calling this ends, however it
+/// ends, or the process with it: for the programs a test or a benchmark runner starts, which
+/// must not outlive it even when it is killed outright and runs no `Drop`.
+///
+/// `PR_SET_PDEATHSIG` fires when the *thread* that forked the child ends, not the process: the
+/// calling thread must outlive the child, or wait for it. The signal survives an `exec` of a
+/// program that is not set-user-ID, and is cleared in the children the child forks. If this
+/// process died between the fork and the hook, the child is already an orphan that no signal will
+/// reach: it checks that its parent is still this process and otherwise exits at once (std's
+/// `_exit(1)` after a failed hook).
+pub fn die_with_this_thread(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = std::process::id() as i32;
+    // SAFETY: the hook runs in the child between fork and exec, where only async-signal-safe
+    // calls are allowed: it makes two system calls (`prctl`, `getppid`) and builds an
+    // `io::Error` from an errno, which allocates nothing and takes no lock.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+            if nix::unistd::getppid().as_raw() != parent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}

@@ -14,7 +14,7 @@ mod heap;
 mod malloc;
 
 use std::io::Read;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
@@ -114,20 +114,8 @@ pub(super) fn run_in_child(test: &str, body: impl FnOnce()) -> ChildOutput {
     let exe = std::env::current_exe().expect("path of the test binary");
     let mut cmd = Command::new(exe);
     // The child dies (SIGKILL) with this test's thread, which waits for it: a child hung in a
-    // fault does not outlive a test process killed from outside. If the test process died
-    // before the hook, the child exits at once.
-    let parent = std::process::id() as i32;
-    // SAFETY: the hook runs in the child between fork and exec, where only async-signal-safe
-    // calls are allowed: two system calls (`prctl`, `getppid`) and an `io::Error` from an errno.
-    unsafe {
-        cmd.pre_exec(move || {
-            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
-            if nix::unistd::getppid().as_raw() != parent {
-                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            Ok(())
-        });
-    }
+    // fault does not outlive a test process killed from outside.
+    super::orphan::die_with_this_thread(&mut cmd);
     let mut child = cmd
         // An ignored test's children are ignored tests too (`fault_backend_costs`).
         .args(["--exact", test, "--include-ignored", "--nocapture", "--test-threads=1"])
