@@ -289,13 +289,13 @@ impl<M: PageMemory> Node<M> {
     /// Pages written outside any lock go with barriers (pushes) or are fetched when read.
     ///
     /// Each page goes as a diff request would be answered: every diff of ours after the one we
-    /// assume the acquirer has (`after_seq`: the newest whose first interval it knows of, or
-    /// the one its subscription records if older), cutting the twin if need be (the acquirer
-    /// needs all of them to consider the page complete). Pages merely still twinned from before
-    /// are not sent. Bounded by [`PIGGYBACK_LIMIT`] bytes and [`PIGGYBACK_MAX_PAGES`] pages, the
-    /// protected data first, in page order; the twins are cut [`GRANT_CUT_BATCH`] pages at a time, so those of pages more than
-    /// a batch past the limit are not cut (cutting every candidate's made qsort, whose
-    /// task-queue grants name most of the pages a node sorts, 50% slower in write faults).
+    /// assume the acquirer has (`after_seq`: the newest whose first interval it knows of, or the
+    /// one its subscription records if older), cutting the twin if need be (the acquirer needs all
+    /// of them to consider the page complete). Pages merely still twinned from before are not sent.
+    /// Bounded by [`PIGGYBACK_LIMIT`] bytes and [`PIGGYBACK_MAX_PAGES`] pages, the protected data
+    /// first, in page order; the twins are cut [`GRANT_CUT_BATCH`] pages at a time, so those of
+    /// pages more than a batch past the limit are not cut (cutting every candidate's made qsort,
+    /// whose task-queue grants name most of the pages a node sorts, 50% slower in write faults).
     /// Beyond the limit the acquirer fetches as usual. `blocked`: as for [`Node::grant`].
     fn diffs_for_grant(
         &mut self,
