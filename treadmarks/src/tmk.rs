@@ -33,12 +33,13 @@ const _: () = assert!(TWIN_AHEAD_MIN_PAGES > 1);
 /// # The rules
 /// - One application thread per node touches the shared heap: the thread that called
 ///   [`Tmk::startup`]. A fault from any other thread aborts the process with a message.
-///   (Threads inside a node come later.) A write from another thread to a page already
-///   writable takes no fault, and nothing stops it: a view's slice is `Send`, so safe code can
-///   hand it to a scoped thread. Don't: while the application thread waits in a call, the
-///   runtime takes a writable page to be still (it cuts its diff and copies its twin without
-///   freezing it), and a store landing between the two is lost to every other node.
-///   This is the one rule of these the compiler does not enforce.
+///   (Threads inside a node come later.) A view's slice is `Send`, so safe code can hand it
+///   to a scoped thread, and a write from there to a page already writable takes no fault.
+///   Such a write is never lost: while a mutable view is open, the runtime never reads a
+///   writable page in place (it cuts the page's diff from a copy, or write-protects the page
+///   first), and the synchronization calls, which do, take the `Tmk` mutably, so no view is
+///   open then. But the next write to a page the runtime write-protected meanwhile faults on
+///   that thread and aborts the process: keep the heap to the application thread.
 /// - Views ([`Tmk::view`], [`Tmk::view_mut`], and [`Tmk::view_parts`] /
 ///   [`Tmk::view_mut_parts`], which declare only parts of an array) borrow the `Tmk` immutably,
 ///   and every synchronization call (`lock`, `lock_release`, `barrier`, `collect`, `exit`) takes it
@@ -666,7 +667,7 @@ impl Tmk {
     ) -> Result<()> {
         let mut count = 0;
         let pages = self.pages_of_parts(h, parts.into_iter().inspect(|_| count += 1), Heap::invalid_pages)?;
-        self.validate(pages, false, Vec::new(), count == 1)
+        self.validate(pages, false, Vec::new(), count == 1, false)
     }
 
     /// Whether a view of all of `h` (in bounds) has nothing to validate: the node is alone, or
@@ -750,11 +751,11 @@ impl Tmk {
                 };
                 // Every page of the parts, writable ones too: the node renews the twin of one it
                 // serves meanwhile rather than freezing it (`Node::request_view`).
-                return self.validate(all, true, whole, stream);
+                return self.validate(all, true, whole, stream, true);
             }
         }
         let invalid = all.into_iter().filter(|&p| self.heap.access(p) == Access::None).collect();
-        self.validate(invalid, false, Vec::new(), stream)
+        self.validate(invalid, false, Vec::new(), stream, true)
     }
 
     /// The pages `pick` chooses among those overlapping `parts` of `h`, sorted, each once.
@@ -803,12 +804,24 @@ impl Tmk {
     /// end inward), a large fetch may return before its pages are in (`protocol/stream.rs`); a
     /// view declared in several parts (a transpose's comb) is read across its parts at once, in
     /// an order its requests could not follow, and waits for them all.
-    fn validate(&self, pages: Vec<PageIdx>, write: bool, whole: Vec<PageIdx>, stream: bool) -> Result<()> {
+    ///
+    /// `mutable`: the view is mutable, and so one of the heap's mutable views already. While
+    /// another is open, another thread may write through its slice meanwhile
+    /// (`Node::set_mutable_views_open`).
+    fn validate(
+        &self,
+        pages: Vec<PageIdx>,
+        write: bool,
+        whole: Vec<PageIdx>,
+        stream: bool,
+        mutable: bool,
+    ) -> Result<()> {
         if pages.is_empty() {
             return Ok(());
         }
+        let views_open = self.heap.mutable_views() > u32::from(mutable);
         let t = Instant::now();
-        let r = self.engine.validate(pages, write, whole, stream);
+        let r = self.engine.validate(pages, write, whole, stream, views_open);
         self.view_wait.set(self.view_wait.get() + t.elapsed());
         r
     }

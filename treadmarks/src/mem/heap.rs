@@ -126,6 +126,14 @@ pub struct Heap {
     /// the fault handler's wait for the service thread among them: what `HeapPages`' reads of
     /// pages the application could write otherwise check (`HeapPages::check_app_inside`).
     app_inside: AtomicU32,
+    /// How many mutable views of this heap are alive ([`BorrowTracker`](super::BorrowTracker)
+    /// counts them). Their slices can be handed to other threads (a scoped thread's), which
+    /// write pages already writable without faulting, so while one is alive the protocol core
+    /// does not read writable pages in place when the application thread waits in a view or a
+    /// fault (`Node::app_still`). Only the application thread changes it (views are not `Send`);
+    /// the service thread reads it while the application thread waits in such a call, whose
+    /// hand-over orders the two.
+    mutable_views: AtomicU32,
 }
 
 /// The application thread is inside a call into the runtime while this lives
@@ -356,7 +364,21 @@ impl Heap {
             pages_claimed: AtomicBool::new(false),
             tracker_claimed: AtomicBool::new(false),
             app_inside: AtomicU32::new(0),
+            mutable_views: AtomicU32::new(0),
         }))
+    }
+
+    /// A mutable view of this heap opened (`true`) or closed (see `Heap::mutable_views`).
+    pub(super) fn count_mutable_view(&self, opened: bool) {
+        // Only the application thread writes the count, so a load and a store do.
+        let n = self.mutable_views.load(Ordering::Relaxed);
+        let n = if opened { n + 1 } else { n.checked_sub(1).expect("a mutable view closed twice") };
+        self.mutable_views.store(n, Ordering::Relaxed);
+    }
+
+    /// How many mutable views of this heap are alive (see `Heap::mutable_views`).
+    pub fn mutable_views(&self) -> u32 {
+        self.mutable_views.load(Ordering::Relaxed)
     }
 
     /// Takes `flag` (one of the `*_claimed` fields) if nobody has: true the first time only.
@@ -710,7 +732,7 @@ impl Heap {
     /// Marks the application thread inside a call into the runtime until the guard drops: it
     /// runs no application code meanwhile, so no page of the application view is written, and
     /// the protocol core may read pages and twins that are writable or read-only in it
-    /// (`Node::app_blocked`). The runtime takes it around every call; the fault handler takes
+    /// (`Node::app_still` says when they read writable ones so). The runtime takes it around every call; the fault handler takes
     /// it while it waits for the service thread ([`Heap::app_waits_in_handler`]).
     ///
     /// Only the application thread changes the count (its fault handler runs on it too, and

@@ -67,7 +67,7 @@ impl HeapPages {
     /// Panics unless the application thread is inside a call into the runtime (`Heap::app_inside`)
     /// when page `p` is valid in the application view (read-only or writable): `what` reads
     /// bytes that its stores, or the fault handler's twin at its next write, could change
-    /// meanwhile. The protocol core calls these only while `Node::app_blocked` says the
+    /// meanwhile. The protocol core calls these only while `Node::app_still` says the
     /// application waits (the simulation checks it of the core); this checks that the runtime
     /// agrees.
     fn check_app_inside(&self, i: u32, s: u8, what: &str) {

@@ -163,6 +163,9 @@ impl BorrowTracker {
             return Err(ViewError::Borrowed { start: s.max(start), end: e.min(end), mutably: m });
         }
         live.push((start, end, mutable));
+        if mutable {
+            self.heap.count_mutable_view(true);
+        }
         Ok(())
     }
 
@@ -170,6 +173,9 @@ impl BorrowTracker {
         let mut live = self.live.borrow_mut();
         let i = live.iter().position(|&x| x == (start, end, mutable)).expect("view was registered");
         live.swap_remove(i);
+        if mutable {
+            self.heap.count_mutable_view(false);
+        }
     }
 
     /// True if no view is alive.
@@ -229,8 +235,10 @@ impl<T> Drop for View<'_, T> {
 /// A mutable view of a shared array; ends before the next synchronization call.
 ///
 /// Its slice belongs to the application thread: written from another thread (a scoped one,
-/// which the compiler allows), a store to a page already writable may be lost to the other
-/// nodes (see the rules under `Tmk`).
+/// which the compiler allows), a store to a page already writable lands, but one to a page the
+/// runtime write-protected meanwhile aborts the process (see the rules under `Tmk`). While a
+/// mutable view is alive, the heap counts it (`Heap::mutable_views`), and the runtime reads no
+/// writable page in place.
 #[derive(Debug)]
 pub struct ViewMut<'a, T> {
     slice: &'a mut [T],

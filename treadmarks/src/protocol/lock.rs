@@ -405,7 +405,7 @@ impl<M: PageMemory> Node<M> {
         let st = &mut self.locks[lock.idx()];
         let after_our_request = st.requested && tail == Some(st.requests);
         if st.token && !st.held {
-            self.grant(lock, ask, self.app_blocked());
+            self.grant(lock, ask, self.app_still());
         } else if (st.token || after_our_request) && st.next.is_none() {
             st.next = Some(ask);
         } else if !st.token && !after_our_request && manager != self.me {

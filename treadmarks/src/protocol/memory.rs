@@ -161,6 +161,10 @@ pub struct VecMemory {
     invalidating_calls: u32,
     /// Whether the application thread runs meanwhile (the simulation's view, not the core's).
     app_running: bool,
+    /// Whether another thread of the application may write the writable pages meanwhile,
+    /// through an open mutable view's slice, while the application thread waits in a view or a
+    /// fault (the simulation's view).
+    others_writing: bool,
     /// A store the running application is about to make, which may run in the middle of the
     /// service thread's step ([`VecMemory::arm_store`]).
     store: Option<MidStore>,
@@ -214,6 +218,7 @@ impl VecMemory {
             changes: vec![0; npages as usize],
             invalidating_calls: 0,
             app_running: false,
+            others_writing: false,
             store: None,
             store_ran: std::cell::Cell::new(None),
         }
@@ -248,10 +253,19 @@ impl VecMemory {
         self.app_running = running;
     }
 
-    /// The armed store, if it is to page `p` and may run now: the application runs and the store
-    /// has not run yet.
+    /// Whether another thread of the application may write the writable pages during the calls
+    /// that follow (set by the simulation around the service thread's steps while the
+    /// application thread waits in a view or a fault with a mutable view open): then no
+    /// writable page's bytes may be read in place (`*_while_blocked`), and a store armed to a
+    /// writable page may run in the middle of the step, as the application's would.
+    pub fn set_others_writing(&mut self, writing: bool) {
+        self.others_writing = writing;
+    }
+
+    /// The armed store, if it is to page `p` and may run now: the application, or another thread
+    /// of it, runs, and the store has not run yet.
     fn store_to(&self, p: PageIdx) -> Option<&MidStore> {
-        let may_run = self.app_running && self.store_ran.get().is_none();
+        let may_run = (self.app_running || self.others_writing) && self.store_ran.get().is_none();
         self.store.as_ref().filter(|s| may_run && s.page == p)
     }
 
@@ -275,9 +289,13 @@ impl VecMemory {
     }
 
     /// Panics if the application runs: a `*_while_blocked` call requires it to wait in the
-    /// runtime.
+    /// runtime, and of a writable page, with no other thread writing it.
     fn check_blocked(&self, p: PageIdx, what: &str) {
         assert!(!self.app_running, "{what} of {p} while the application runs");
+        assert!(
+            !(self.others_writing && self.access[p.idx()] == Access::ReadWrite),
+            "{what} of writable {p} while another thread may write it through a mutable view"
+        );
     }
 
     /// How many calls of [`PageMemory::set_access`] took all access from their run of pages.
@@ -337,7 +355,9 @@ impl PageMemory for VecMemory {
     }
 
     fn revoke(&mut self, p: PageIdx) -> Access {
+        // Only the application thread's store takes the fast path; another thread's would abort.
         if self.access[p.idx()] == Access::Read
+            && self.app_running
             && let Some(store) = self.store_to(p).cloned()
         {
             // The fault handler's fast path, just before the revocation takes effect.

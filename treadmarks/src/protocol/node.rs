@@ -195,6 +195,10 @@ pub struct Node<M> {
     /// asked (`Message::DistributeWait`).
     pub(crate) distribute_waits: Vec<Option<u64>>,
     pub(crate) pending: Pending,
+    /// Whether the application had a mutable view open (besides one being validated) when it
+    /// last asked for a validation or faulted: while it waits in either, another thread may be
+    /// writing through that view's slice ([`Node::app_still`]).
+    pub(crate) mutable_views_open: bool,
     /// Access misses in flight (the application's, or a collection's validations).
     pub(crate) misses: BTreeMap<PageIdx, Miss>,
     /// Pages of the validation in progress that are up to date, to be made readable together.
@@ -260,6 +264,7 @@ impl<M: PageMemory> Node<M> {
             exit_arrived: vec![false; n],
             distribute_waits: vec![None; n],
             pending: Pending::None,
+            mutable_views_open: false,
             misses: BTreeMap::new(),
             validated: Vec::new(),
             writing: Vec::new(),
@@ -424,7 +429,7 @@ impl<M: PageMemory> Node<M> {
                     self.check_page(from, a.page)?;
                 }
                 self.note_fetched_after_skip(from, &asks);
-                let pages = self.serve_diff_request(&asks, self.app_blocked());
+                let pages = self.serve_diff_request(&asks, self.app_still());
                 self.note_subscribers(from, &asks, &pages);
                 for (pages, continued) in cut_reply(pages, self.cfg.limits.reply_bytes) {
                     self.outbox.push_back((from, Message::DiffReply { pages, continued }));
@@ -503,11 +508,42 @@ impl<M: PageMemory> Node<M> {
         }
     }
 
-    /// True while the application thread waits inside a call into the runtime (a lock, a
-    /// barrier, a view's validation, a fault...) that has not completed: it runs no application
-    /// code until the completion is handed to it, so nothing writes a page meanwhile.
-    pub(crate) fn app_blocked(&self) -> bool {
-        !matches!(self.pending, Pending::None)
+    /// Whether the application had a mutable view open when it asks for the validation or
+    /// takes the fault that comes next (the view being validated aside): the runtime says so
+    /// before each, from the heap's count of views.
+    pub fn set_mutable_views_open(&mut self, open: bool) {
+        self.mutable_views_open = open;
+    }
+
+    /// Whether another thread of the application may be writing the writable pages now: the
+    /// application thread waits in a view or a fault with a mutable view open (the simulation
+    /// runs such a thread's stores).
+    #[cfg(test)]
+    pub(crate) fn others_may_write(&self) -> bool {
+        self.mutable_views_open && matches!(self.pending, Pending::Fault | Pending::Validate { .. })
+    }
+
+    /// True while nothing writes a page, writable or not, because the application thread waits
+    /// inside a call into the runtime that has not completed: a synchronization call (an
+    /// acquire, a barrier, an allocation, a distribute...), which takes the `Tmk` mutably, so
+    /// that no view outlives its start; or a view's validation or a fault while no mutable view
+    /// is open. Those run with views alive, and safe code can hand a mutable view's slice to
+    /// another thread (a scoped one), which writes the pages already writable without faulting;
+    /// so while one is open, a writable page is cut as while the application runs, from a
+    /// snapshot or frozen, never read in place.
+    pub(crate) fn app_still(&self) -> bool {
+        match self.pending {
+            Pending::None => false,
+            Pending::Fault | Pending::Validate { .. } => !self.mutable_views_open,
+            Pending::Acquire(_)
+            | Pending::Barrier(_)
+            | Pending::Alloc
+            | Pending::Free
+            | Pending::Distribute(_)
+            | Pending::Exit
+            | Pending::Ping(_)
+            | Pending::Settle => true,
+        }
     }
 
     /// Checks the timestamps of `diffs` of `page` from `from`: one entry per node.

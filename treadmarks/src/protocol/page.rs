@@ -148,8 +148,8 @@ fn ramped<T>(mut items: &[T], first: usize, max: usize) -> impl Iterator<Item = 
 enum Cut {
     /// Nothing can write the page: it is invalid or frozen.
     Revoked,
-    /// The application thread waits inside a call into the runtime, so nothing writes the
-    /// page, writable or not ([`Node::app_blocked`]).
+    /// The application thread waits inside a synchronization call, so nothing writes the
+    /// page, writable or not ([`Node::app_still`]).
     Blocked,
     /// The application may be writing the page, which is writable and whose twin is renewed:
     /// the diff is cut from a [`PageMemory::snapshot`], which becomes the twin.
@@ -412,15 +412,19 @@ impl<M: PageMemory> Node<M> {
     /// keeps reading the pages meanwhile; a write waits until the cut is done, which is what the
     /// page-sharing rule of [`Node::cut_twin`] needs.
     ///
-    /// With `blocked` (the application thread waits inside a call into the runtime, so nothing
-    /// writes the pages: a push at this node's barrier arrival, or a request that comes while it
-    /// waits in a view, a fault or a lock; see [`Node::app_blocked`]) nothing is frozen: the
-    /// twins are cut from pages still writable, and those whose twins are renewed stay so
-    /// untouched. A freeze and its undoing cost jacobi3d's arrival 14 µs of its 98 (16 pages):
-    /// undoing it remaps the pages on userfaultfd, where clearing their write protection would
-    /// leave their entries read-only and the next sweep's first writes faulting
-    /// (`Heap::make_writable`). In fft's transposes, where each node serves the other's requests
-    /// while it waits in its own view, the two cost ~1 µs a page (0.0512 → 0.0457 s).
+    /// With `blocked` (nothing writes the pages: the application thread waits in a
+    /// synchronization call, as at a push at this node's barrier arrival or a request that comes
+    /// while it waits for a lock, or in a view or a fault with no mutable view open; see
+    /// [`Node::app_still`]) nothing is frozen: the twins are cut from pages still writable, and
+    /// those whose twins are renewed stay so untouched. A freeze and its undoing cost jacobi3d's
+    /// arrival 14 µs of its 98 (16 pages): undoing it remaps the pages on userfaultfd, where
+    /// clearing their write protection would leave their entries read-only and the next sweep's
+    /// first writes faulting (`Heap::make_writable`). In fft's transposes, where each node serves
+    /// the other's requests while it waits in its own view, the two cost ~1 µs a page (0.0512 →
+    /// 0.0457 s). With a mutable view open, another thread may be writing through its slice, so
+    /// a request that comes while the application waits in a view or a fault is served as while
+    /// it runs (below). fft's transposes open their mutable view once the fetch is done; served
+    /// from snapshots, they took ~8% longer.
     ///
     /// While the application runs, a writable page whose twin is renewed is not frozen either:
     /// its diff is cut from a snapshot, which becomes its twin ([`PageMemory::snapshot`]; the

@@ -1590,6 +1590,46 @@ fn pages_served_with_their_twins_renewed_are_never_frozen() {
 }
 
 #[test]
+fn a_page_served_while_the_application_waits_in_a_view_with_a_mutable_view_open_keeps_a_store_made_meanwhile()
+{
+    // Node 0's application waits in a view of page 2 with a mutable view of page 1 open, whose
+    // slice another thread writes meanwhile (safe code can hand it to a scoped thread). Node 1
+    // asks for page 1 then: reading it in place would lose a store landing between its diff and
+    // its renewed twin. It is cut from a snapshot instead, the store landing during the copy
+    // and unseen by it, and reaches node 1 in the next interval's diff.
+    let mut net = Net::new(3);
+    net.write(0, 1, 0, 1);
+    net.write(2, 2, 0, 2);
+    net.barrier();
+    net.nodes[0].set_mutable_views_open(true);
+    net.nodes[0].request_validate(&[PageIdx(2)], false).unwrap();
+    let (to, held) = net.nodes[0].poll_transmit().expect("node 0's request");
+    assert_eq!((to, held.kind()), (NodeId(2), MsgKind::DiffRequest));
+    net.nodes[1].handle_fault(PageIdx(1), false).unwrap();
+    let (to, ask) = net.nodes[1].poll_transmit().expect("node 1's request");
+    assert_eq!(to, NodeId(0));
+    let changes = net.nodes[0].mem().protection_changes(PageIdx(1));
+    let mem = net.nodes[0].mem_mut();
+    mem.set_others_writing(true);
+    mem.arm_store(MidStore { page: PageIdx(1), offset: 1, bytes: vec![9], lands: true, seen: false });
+    net.nodes[0].handle_message(NodeId(1), ask).unwrap();
+    let mem = net.nodes[0].mem_mut();
+    mem.set_others_writing(false);
+    assert_eq!(mem.take_store_ran(), Some(StoreRan::DuringSnapshot));
+    assert_eq!(net.nodes[0].stats().renewals_unfrozen, 1);
+    assert_eq!(net.nodes[0].mem().protection_changes(PageIdx(1)), changes, "never frozen");
+    assert_eq!(net.nodes[0].mem().access(PageIdx(1)), Access::ReadWrite);
+    net.settle();
+    assert_eq!(net.done(1), Some(AppDone::FaultResolved(PageIdx(1))));
+    assert_eq!(net.nodes[1].mem().app_read(PageIdx(1))[..2], [1, 0], "served without the store");
+    net.nodes[2].handle_message(NodeId(0), held).unwrap();
+    net.settle();
+    assert_eq!(net.done(0), Some(AppDone::Validated));
+    net.barrier();
+    assert_eq!((net.read(1, 1, 0), net.read(1, 1, 1)), (1, 9), "the store is not lost");
+}
+
+#[test]
 fn twinned_pages_among_the_pages_notices_name_are_revoked_in_the_same_call() {
     // Node 1 writes pages 1-6; node 0 writes other bytes of pages 1 and 6 (radix sort's pages
     // at each end of a run of the other node's). At the barrier node 0 cuts its twins of pages

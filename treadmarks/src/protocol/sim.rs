@@ -550,13 +550,24 @@ impl Sim {
     /// (the core hears of that twin at its next step, as from the runtime's fault handler) and
     /// the store lands before the revocation or faults again after it; to a writable page, while
     /// the step copies it, before or after the copy reads its word ([`VecMemory::arm_store`]).
+    ///
+    /// While the application waits in a view or a fault with a mutable view open, another
+    /// thread of it may be writing through that view's slice: the store after the one the
+    /// application waits in, to a page already writable, may run so in the middle of the step
+    /// (while the page is copied), and is then taken out of the program.
     fn service(&mut self, i: usize, f: impl FnOnce(&mut Node<VecMemory>) -> Result<(), ProtocolError>) {
         let sn = &self.nodes[i];
         let running = !sn.blocked && !sn.exited;
-        let store = match sn.prog.get(sn.pc) {
+        let beside = sn.blocked && !sn.exited && sn.node.others_may_write();
+        let next = if beside { sn.pc + 1 } else { sn.pc };
+        let store = match sn.prog.get(next) {
             Some(&Op::Write(w, v))
-                if running
-                    && sn.node.mem().access(locate(w).0) != Access::None
+                if (running || beside)
+                    && match sn.node.mem().access(locate(w).0) {
+                        Access::None => false,
+                        Access::Read => running,
+                        Access::ReadWrite => true,
+                    }
                     && (self.write_races || self.hb.write_ok(i, w as usize))
                     && self.mid_rng.chance(50) =>
             {
@@ -566,6 +577,7 @@ impl Sim {
         };
         let mem = self.nodes[i].node.mem_mut();
         mem.set_app_running(running);
+        mem.set_others_writing(beside);
         if let Some((w, v)) = store {
             let (page, offset) = locate(w);
             let (lands, seen) = (self.mid_rng.chance(50), self.mid_rng.chance(50));
@@ -574,12 +586,17 @@ impl Sim {
         self.core(i, f);
         let mem = self.nodes[i].node.mem_mut();
         mem.set_app_running(false);
+        mem.set_others_writing(false);
         let Some(ran) = mem.take_store_ran() else { return };
         let landed = match ran {
             StoreRan::FastPath(p, landed) => {
                 self.mid_stores.fast_path += 1;
                 self.nodes[i].fast_twins.push(p);
                 landed
+            }
+            StoreRan::DuringSnapshot if beside => {
+                self.mid_stores.beside += 1;
+                true
             }
             StoreRan::DuringSnapshot => {
                 self.mid_stores.during_snapshot += 1;
@@ -588,7 +605,11 @@ impl Sim {
         };
         if let (true, Some((w, v))) = (landed, store) {
             self.wrote(i, w, v);
-            self.nodes[i].pc += 1;
+            if beside {
+                self.nodes[i].prog.remove(next);
+            } else {
+                self.nodes[i].pc += 1;
+            }
         }
     }
 
@@ -616,8 +637,11 @@ impl Sim {
                 let (p, off) = locate(w);
                 if sn.node.mem().access(p) == Access::None {
                     sn.blocked = true;
-                    let write = self.rng.chance(20);
-                    self.core(i, |n| n.handle_fault(p, write));
+                    let (write, open) = (self.rng.chance(20), self.rng.chance(50));
+                    self.core(i, |n| {
+                        n.set_mutable_views_open(open);
+                        n.handle_fault(p, write)
+                    });
                 } else {
                     let got = u32::from_ne_bytes(sn.node.mem().app_read(p)[off..off + 4].try_into().unwrap());
                     let hb = &mut self.hb;
@@ -674,8 +698,11 @@ impl Sim {
                     }
                     _ => {
                         sn.blocked = true;
-                        let write = self.rng.chance(50);
-                        self.core(i, |n| n.handle_fault(p, write));
+                        let (write, open) = (self.rng.chance(50), self.rng.chance(50));
+                        self.core(i, |n| {
+                            n.set_mutable_views_open(open);
+                            n.handle_fault(p, write)
+                        });
                     }
                 }
             }
@@ -754,7 +781,11 @@ impl Sim {
                 // needs no message: it must then complete at once.
                 let local = sn.node.validates_locally(&pages);
                 self.app_ops.views_under_lock += u64::from(!sn.node.held_locks.is_empty());
-                self.core(i, |n| n.request_validate(&pages, write));
+                let open = self.rng.chance(50);
+                self.core(i, |n| {
+                    n.set_mutable_views_open(open);
+                    n.request_validate(&pages, write)
+                });
                 assert!(
                     !local || !self.nodes[i].blocked,
                     "seed {seed}: node {i}: validation of {pages:?} said local but did not complete at once"
@@ -773,7 +804,11 @@ impl Sim {
                     whole[0]
                 );
                 let local = sn.node.overwrites_locally(&pages, &whole);
-                self.core(i, |n| n.request_overwrite(&pages, &whole));
+                let open = self.rng.chance(50);
+                self.core(i, |n| {
+                    n.set_mutable_views_open(open);
+                    n.request_overwrite(&pages, &whole)
+                });
                 assert!(
                     !local || !self.nodes[i].blocked,
                     "seed {seed}: node {i}: overwrite of {pages:?} said local but did not complete at once"
@@ -1114,11 +1149,13 @@ fn run_walk_seed(seed: u64) -> (Vec<ProtocolStats>, AppOps, MidStores) {
 }
 
 /// Stores that ran in the middle of a service step ([`Sim::service`]): through the fault
-/// handler's fast path, and while their page was copied.
+/// handler's fast path, and while their page was copied, by the application thread or by
+/// another thread while it waited in a view or a fault (`beside`).
 #[derive(Debug, Default, Clone, Copy)]
 struct MidStores {
     fast_path: u64,
     during_snapshot: u64,
+    beside: u64,
 }
 
 /// A live allocation of the shared heap, by the node that made it.
@@ -1156,6 +1193,7 @@ impl std::ops::AddAssign for MidStores {
     fn add_assign(&mut self, o: MidStores) {
         self.fast_path += o.fast_path;
         self.during_snapshot += o.during_snapshot;
+        self.beside += o.beside;
     }
 }
 
@@ -1263,7 +1301,7 @@ fn random_data_race_free_programs_read_sequentially_consistent_values() {
         "{app_ops:?}"
     );
     assert!(
-        mid.fast_path > 40 && mid.during_snapshot > 40,
+        mid.fast_path > 40 && mid.during_snapshot > 40 && mid.beside > 5,
         "stores in the middle of a service step: {mid:?}"
     );
     // The runs must actually exercise the protocol, or the oracle proves nothing.
@@ -1687,7 +1725,7 @@ fn racy_programs_across_locks_read_values_happened_before_allows() {
     );
     assert!(totals.streams > 500 && totals.lock_tokens_bundled > 100, "{totals:?}");
     assert!(
-        mid.fast_path > 40 && mid.during_snapshot > 40,
+        mid.fast_path > 40 && mid.during_snapshot > 40 && mid.beside > 5,
         "stores in the middle of a service step: {mid:?}"
     );
 }

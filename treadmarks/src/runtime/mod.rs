@@ -73,6 +73,8 @@ pub(crate) enum Command {
         whole: Vec<PageIdx>,
         /// The view may stream (`protocol/stream.rs`).
         stream: bool,
+        /// Another mutable view is open (`Node::set_mutable_views_open`).
+        views_open: bool,
     },
     /// Wait for the completion of the request the application thread started itself (a view's
     /// validation that [`Node::overwrites_locally`] said would complete there) and that asked a
@@ -128,7 +130,8 @@ pub(crate) fn start(
         Command::Distribute(bytes) => node.request_distribute(bytes)?,
         Command::Exit => node.request_exit()?,
         Command::Ping(peer) => node.request_ping(peer)?,
-        Command::Validate { pages, write, whole, stream } => {
+        Command::Validate { pages, write, whole, stream, views_open } => {
+            node.set_mutable_views_open(views_open);
             node.request_view(&pages, write, &whole, stream)?
         }
         Command::AwaitStarted | Command::Stats | Command::Shutdown { .. } => {
@@ -270,12 +273,14 @@ impl Engine {
     /// application's views may be alive, and only invalid pages (which no view has touched since
     /// the last synchronization) change. A one-node job has no invalid pages.
     /// `whole`: pages (of `pages`, only with `write`) the application overwrites entirely.
+    /// `views_open`: another mutable view is open (`Node::set_mutable_views_open`).
     pub fn validate(
         &self,
         pages: Vec<PageIdx>,
         write: bool,
         whole: Vec<PageIdx>,
         stream: bool,
+        views_open: bool,
     ) -> Result<()> {
         match self {
             Engine::Local { .. } => Ok(()),
@@ -287,6 +292,7 @@ impl Engine {
                         if !node.overwrites_locally(&pages, &whole) {
                             return Ok(None);
                         }
+                        node.set_mutable_views_open(views_open);
                         node.request_view(&pages, write, &whole, stream)?;
                         Ok(Some(node.poll_done() == Some(AppDone::Validated)))
                     })?;
@@ -306,7 +312,7 @@ impl Engine {
                 }
                 Self::validated(Self::call_remote(
                     mailbox,
-                    Command::Validate { pages, write, whole, stream },
+                    Command::Validate { pages, write, whole, stream, views_open },
                 )?)
             }
         }

@@ -366,7 +366,13 @@ impl Service {
                 // failure's deadline (`run`), by when the abort has left for the peers.
                 return;
             }
-            let handled = self.node().handle_fault(page, kind == FaultKind::Write);
+            // The application thread waits in the fault, so the count of its views holds still.
+            let views_open = self.heap.mutable_views() > 0;
+            let handled = {
+                let mut node = self.node();
+                node.set_mutable_views_open(views_open);
+                node.handle_fault(page, kind == FaultKind::Write)
+            };
             if let Err(e) = handled {
                 self.fail(JobFailure::Fault { page, error: e });
             }

@@ -640,6 +640,26 @@ fn a_view_is_aligned_where_it_lies_in_memory_not_only_in_the_heap() {
 }
 
 #[test]
+fn the_heap_counts_the_mutable_views_alive() {
+    // What the runtime tells the protocol core before a validation or a fault: while a mutable
+    // view is open, another thread may be writing through its slice.
+    let heap = Heap::map_with(layout(56, 4), FaultBackend::Mprotect).unwrap();
+    let tracker = crate::mem::BorrowTracker::claim(heap.clone()).unwrap();
+    let page = |p: u64| crate::mem::Shared::<[u8]>::from_raw_parts(p * heap.page_size() as u64, 8);
+    let read = tracker.view(&page(0)).unwrap();
+    assert_eq!(heap.mutable_views(), 0, "a shared view is not counted");
+    let a = tracker.view_mut(&page(1)).unwrap();
+    let b = tracker.view_mut(&page(2)).unwrap();
+    assert_eq!(heap.mutable_views(), 2);
+    assert!(tracker.view_mut(&page(1)).is_err(), "an overlapping view is refused");
+    assert_eq!(heap.mutable_views(), 2, "and not counted");
+    drop(a);
+    assert_eq!(heap.mutable_views(), 1);
+    drop((b, read));
+    assert_eq!(heap.mutable_views(), 0);
+}
+
+#[test]
 fn page_queries_name_only_pages_within_the_heap_whatever_the_range() {
     let heap = Heap::map_with(layout(24, 4), FaultBackend::Mprotect).unwrap();
     let size = heap.size() as u64;
