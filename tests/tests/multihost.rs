@@ -331,3 +331,31 @@ fn three_hosts_meet_over_ipv6_link_local_addresses() {
         assert_eq!(out.code, Some(0), "node {rank} on {} failed: {out:#?}", lan.hosts[rank]);
     }
 }
+
+/// A root named by a host name that the resolver never answers for (its name server's address
+/// is a neighbour nobody on the LAN is, so its queries vanish without an error, and the resolver
+/// would wait 30 s an attempt): the node gives up at the meeting's bound, naming the setting,
+/// instead of waiting for the resolver.
+#[test]
+fn a_root_name_nobody_answers_for_fails_at_the_meetings_bound() {
+    let Some(mut lan) = lan_or_skip(4, 1) else { return };
+    let host = lan.hosts[0].clone();
+    let [a, b, c, _] = lan.addrs[0].octets();
+    let server = Ipv4Addr::new(a, b, c, 99).to_string();
+    let mac = "02:00:00:00:00:99";
+    ip(&["-n", &host, "neigh", "add", &server, "lladdr", mac, "dev", "eth0", "nud", "permanent"]).unwrap();
+    lan.name_host("unrelated", &[vec![lan.addrs[0].into()]]).unwrap();
+    let conf = format!("nameserver {server}\noptions timeout:30 attempts:2\n");
+    std::fs::write(format!("/etc/netns/{host}/resolv.conf"), conf).unwrap();
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &host, env!("CARGO_BIN_EXE_tmk-testnode"), "counter"])
+        .env("TMK_NPROCS", "2")
+        .env("TMK_RANK", "1")
+        .env("TMK_ROOT", "tmk-nobody-answers.example:7391")
+        .env("TMK_HEAP_SIZE", "64MiB")
+        .env("TMK_HEAP_BASE", heap_base(24))
+        .env("TMK_CONNECT_TIMEOUT", "2");
+    let out = Job::spawn(cmd).wait(NODE_TIMEOUT);
+    assert_ne!(out.code, Some(0), "{out:#?}");
+    assert!(out.stderr.contains("TMK_ROOT") && out.stderr.contains("did not resolve within 2 s"), "{out:#?}");
+}

@@ -234,14 +234,28 @@ fn switch(name: &'static str, v: &str) -> Result<bool, ConfigError> {
 }
 
 /// The address `v` (`HOST:PORT`, a name or an address) names, the first a name resolves to, and
-/// its host if that is a name rather than an address.
-fn address(name: &'static str, v: &str) -> Result<(SocketAddr, Option<String>), ConfigError> {
+/// its host if that is a name rather than an address. A name is looked up on a thread of its
+/// own and waited for at most `wait` (the meeting's bound): a resolver that does not answer (a
+/// name server gone) fails the configuration then, instead of holding the node up for as long
+/// as the resolver's own retries take.
+fn address(name: &'static str, v: &str, wait: Duration) -> Result<(SocketAddr, Option<String>), ConfigError> {
     use std::net::ToSocketAddrs;
     if let Ok(addr) = v.trim().parse::<SocketAddr>() {
         return Ok((addr, None));
     }
-    let mut addrs = v.to_socket_addrs().map_err(|e| invalid(name, v, e))?;
-    let addr = addrs.next().ok_or_else(|| invalid(name, v, "the name resolves to no address"))?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let owned = v.to_string();
+    // Left to finish on its own if it outlasts the wait; it holds nothing the node needs.
+    std::thread::spawn(move || {
+        let _ = tx.send(owned.to_socket_addrs().map(|mut addrs| addrs.next()));
+    });
+    let resolved = rx.recv_timeout(wait).map_err(|_| {
+        let secs = wait.as_secs_f64().ceil();
+        invalid(name, v, format!("the name did not resolve within {secs} s (TMK_CONNECT_TIMEOUT)"))
+    })?;
+    let addr = resolved
+        .map_err(|e| invalid(name, v, e))?
+        .ok_or_else(|| invalid(name, v, "the name resolves to no address"))?;
     let host = v.trim().rsplit_once(':').map_or(v, |(host, _)| host);
     Ok((addr, Some(host.to_string())))
 }
@@ -471,10 +485,12 @@ impl Config {
         {
             c.role = Role::Member { rank: num("TMK_RANK", &v)? };
         }
+        // Resolved last, once the meeting's bound that waits for it is known.
+        let mut root = None;
         if !flagged(&["--root"])
             && let Some(v) = env("TMK_ROOT")?
         {
-            (c.root, c.root_name) = address("TMK_ROOT", &v).map(|(a, n)| (Some(a), n))?;
+            root = Some(("TMK_ROOT", v));
         }
         if let Some(v) = env("TMK_HEAP_SIZE")? {
             c.heap_size = parse_size("TMK_HEAP_SIZE", &v)?;
@@ -549,8 +565,12 @@ impl Config {
                 "-n" => c.nprocs = num("-n", &value)?,
                 "--nprocs" => c.nprocs = num("--nprocs", &value)?,
                 "--rank" => c.role = Role::Member { rank: num("--rank", &value)? },
-                _ => (c.root, c.root_name) = address("--root", &value).map(|(a, n)| (Some(a), n))?,
+                _ => root = Some(("--root", value)),
             }
+        }
+        if let Some((name, v)) = root {
+            let wait = c.connect_timeout.max(Duration::from_secs(1));
+            (c.root, c.root_name) = address(name, &v, wait).map(|(a, n)| (Some(a), n))?;
         }
         c.validate()?;
         Ok((c, rest))
