@@ -34,12 +34,12 @@ const _: () = assert!(TWIN_AHEAD_MIN_PAGES > 1);
 /// - One application thread per node touches the shared heap: the thread that called
 ///   [`Tmk::startup`]. A fault from any other thread aborts the process with a message.
 ///   (Threads inside a node come later.) A view's slice is `Send`, so safe code can hand it
-///   to a scoped thread, and a write from there to a page already writable takes no fault.
+///   to a scoped thread, and a write from there to a page already writable may take no fault.
 ///   Such a write is never lost: while a mutable view is open, the runtime never reads a
-///   writable page in place (it cuts the page's diff from a copy, or write-protects the page
+///   writable page in place (it cuts the page's diff from a copy, or takes access away
 ///   first), and the synchronization calls, which do, take the `Tmk` mutably, so no view is
-///   open then. But the next write to a page the runtime write-protected meanwhile faults on
-///   that thread and aborts the process: keep the heap to the application thread.
+///   open then. But an access from that thread to a page the runtime took access from
+///   meanwhile faults and aborts the process: keep the heap to the application thread.
 /// - Views ([`Tmk::view`], [`Tmk::view_mut`], and [`Tmk::view_parts`] /
 ///   [`Tmk::view_mut_parts`], which declare only parts of an array) borrow the `Tmk` immutably,
 ///   and every synchronization call (`lock`, `lock_release`, `barrier`, `collect`, `exit`) takes it

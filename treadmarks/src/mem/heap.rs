@@ -130,9 +130,9 @@ pub struct Heap {
     /// counts them). Their slices can be handed to other threads (a scoped thread's), which
     /// write pages already writable without faulting, so while one is alive the protocol core
     /// does not read writable pages in place when the application thread waits in a view or a
-    /// fault (`Node::app_still`). Only the application thread changes it (views are not `Send`);
-    /// the service thread reads it while the application thread waits in such a call, whose
-    /// hand-over orders the two.
+    /// fault (`Node::app_still`). Views are made and dropped on the application thread (they
+    /// are not `Send`); the service thread reads the count while the application thread waits
+    /// in such a call, whose hand-over orders the two.
     mutable_views: AtomicU32,
 }
 
@@ -370,14 +370,14 @@ impl Heap {
 
     /// A mutable view of this heap opened (`true`) or closed (see `Heap::mutable_views`).
     pub(super) fn count_mutable_view(&self, opened: bool) {
-        // Only the application thread writes the count, so a load and a store do.
-        let n = self.mutable_views.load(Ordering::Relaxed);
-        let n = if opened { n + 1 } else { n.checked_sub(1).expect("a mutable view closed twice") };
-        self.mutable_views.store(n, Ordering::Relaxed);
+        // A read-modify-write, though views are not `Send` today: the count stays right if that
+        // changes. It saturates (4 G views leaked by `mem::forget` cannot wrap it to none open).
+        let step = |n: u32| Some(if opened { n.saturating_add(1) } else { n.saturating_sub(1) });
+        let _ = self.mutable_views.fetch_update(Ordering::Relaxed, Ordering::Relaxed, step);
     }
 
     /// How many mutable views of this heap are alive (see `Heap::mutable_views`).
-    pub fn mutable_views(&self) -> u32 {
+    pub(crate) fn mutable_views(&self) -> u32 {
         self.mutable_views.load(Ordering::Relaxed)
     }
 
@@ -730,10 +730,12 @@ impl Heap {
     }
 
     /// Marks the application thread inside a call into the runtime until the guard drops: it
-    /// runs no application code meanwhile, so no page of the application view is written, and
-    /// the protocol core may read pages and twins that are writable or read-only in it
-    /// (`Node::app_still` says when they read writable ones so). The runtime takes it around every call; the fault handler takes
-    /// it while it waits for the service thread ([`Heap::app_waits_in_handler`]).
+    /// runs no application code meanwhile, so the protocol core may read pages and twins that
+    /// are read-only in the application view (nothing else makes one writable: a fault from
+    /// another thread aborts), and writable ones while `Node::app_still` says nothing writes
+    /// them (another thread may, through an open mutable view's slice). The runtime takes it
+    /// around every call; the fault handler takes it while it waits for the service thread
+    /// ([`Heap::app_waits_in_handler`]).
     ///
     /// Only the application thread changes the count (its fault handler runs on it too, and
     /// leaves it as it found it), so a load and a store do, without a read-modify-write: a

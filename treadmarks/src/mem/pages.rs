@@ -67,15 +67,23 @@ impl HeapPages {
     /// Panics unless the application thread is inside a call into the runtime (`Heap::app_inside`)
     /// when page `p` is valid in the application view (read-only or writable): `what` reads
     /// bytes that its stores, or the fault handler's twin at its next write, could change
-    /// meanwhile. The protocol core calls these only while `Node::app_still` says the
-    /// application waits (the simulation checks it of the core); this checks that the runtime
-    /// agrees.
+    /// meanwhile. And when it is writable, unless at most one mutable view is open: another
+    /// thread may write it through the slice of one (a view being validated is counted while its
+    /// slice is not handed out yet, so one is allowed). The protocol core calls these on a
+    /// writable page only while `Node::app_still` says nothing writes it (the simulation checks
+    /// it of the core); this checks that the runtime agrees, as far as the heap can tell.
     fn check_app_inside(&self, i: u32, s: u8, what: &str) {
         assert!(
             !(s == state::READ_ONLY || s == state::READ_WRITE) || self.0.app_is_inside(),
             "HeapPages::{what}(page {i}) of a {} page while the application runs: it may be \
              writing it (bug: the protocol core thinks it waits in a call)",
             state::name(s)
+        );
+        let views = self.0.mutable_views();
+        assert!(
+            s != state::READ_WRITE || views <= 1,
+            "HeapPages::{what}(page {i}) of a writable page with {views} mutable views open: another \
+             thread may be writing it through one (bug: the protocol core thinks nothing writes it)"
         );
     }
 
@@ -353,8 +361,9 @@ impl PageMemory for HeapPages {
         let i = self.check(p);
         let ps = self.0.page_size();
         // Frozen or invalid, nothing writes the page or its twin; otherwise the application
-        // thread is inside a call into the runtime (checked), so nothing does either (the
-        // handler writes a twin only when the application faults).
+        // thread is inside a call into the runtime in which the core takes nothing to write it
+        // (`Node::app_still`, partly checked), so nothing does either (the handler writes a twin
+        // only when the application faults).
         self.check_app_inside(i, state::load_stable(self.0.state(i)), "same_as_twin");
         // SAFETY: a page each of the runtime view and twin area, live, not written meanwhile.
         let (page, twin) = unsafe {
@@ -373,8 +382,7 @@ impl PageMemory for HeapPages {
             s != state::INVALID,
             "HeapPages::page_while_blocked({p}): the page is invalid (bug in the caller)"
         );
-        // The application thread is blocked inside a call into the runtime (checked), so nothing
-        // writes the page meanwhile, writable or not (as in `same_as_twin`).
+        // As in `same_as_twin`: nothing writes the page meanwhile, writable or not.
         self.check_app_inside(i, s, "page_while_blocked");
         // SAFETY: one page of the runtime view, live while `self.0` is, not written meanwhile.
         unsafe { std::slice::from_raw_parts(self.0.runtime_page(i), self.0.page_size()) }
@@ -389,8 +397,9 @@ impl PageMemory for HeapPages {
              read-only (bug in the caller)",
             state::name(s)
         );
-        // The application thread is blocked inside a call into the runtime (checked), so nothing
-        // reads the page meanwhile; it cannot write it (read-only), and the
+        // The application thread is blocked inside a synchronization call (checked that it is
+        // inside a call; the core writes in place only at a barrier), where no view is open, so
+        // nothing reads the page meanwhile; it cannot write it (read-only), and the
         // state stays READ_ONLY while this `&mut self` borrow lives. Only one `HeapPages` exists
         // per heap.
         self.check_app_inside(i, s, "page_mut_while_blocked");
@@ -400,8 +409,7 @@ impl PageMemory for HeapPages {
     }
 
     fn renew_twin_while_blocked(&mut self, p: PageIdx) {
-        // The application thread is blocked inside a call into the runtime (checked), so nobody
-        // writes the page, writable or not.
+        // As in `same_as_twin`: nobody writes the page, writable or not.
         let i = self.check(p);
         self.check_app_inside(i, state::load_stable(self.0.state(i)), "renew_twin_while_blocked");
         self.twin_unless(p, state::INVALID, || {

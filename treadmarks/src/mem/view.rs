@@ -236,9 +236,9 @@ impl<T> Drop for View<'_, T> {
 ///
 /// Its slice belongs to the application thread: written from another thread (a scoped one,
 /// which the compiler allows), a store to a page already writable lands, but one to a page the
-/// runtime write-protected meanwhile aborts the process (see the rules under `Tmk`). While a
-/// mutable view is alive, the heap counts it (`Heap::mutable_views`), and the runtime reads no
-/// writable page in place.
+/// runtime took access from meanwhile aborts the process (see the rules under `Tmk`). While a
+/// mutable view is alive, the heap counts it (`Heap::mutable_views`), and once its slice is
+/// handed out (its own validation aside) the runtime reads no writable page in place.
 #[derive(Debug)]
 pub struct ViewMut<'a, T> {
     slice: &'a mut [T],

@@ -223,9 +223,9 @@ impl<M: PageMemory> Node<M> {
         self.deliver_local()
     }
 
-    /// Grants `lock` to `ask`; `blocked`: nothing writes a page meanwhile (the application
-    /// waits inside a call, or runs this release itself), so twins are cut without revoking
-    /// write access first (`Node::serve_diff_request`).
+    /// Grants `lock` to `ask`; `blocked`: nothing writes a page meanwhile ([`Node::app_still`],
+    /// or the application runs this release itself), so twins are cut without revoking write
+    /// access first (`Node::serve_diff_request`).
     fn grant(&mut self, lock: LockId, ask: LockAsk, blocked: bool) {
         self.locks[lock.idx()].token = false;
         let to = ask.requester;

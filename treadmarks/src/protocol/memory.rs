@@ -11,9 +11,12 @@
 //!   returned: a synchronization call, a view's validation): a `Read` page of a running
 //!   application can become writable at any moment through the fault handler's fast path, which
 //!   also overwrites the twin. [`VecMemory`] checks this where the simulation tells it whether
-//!   the application runs ([`VecMemory::set_app_running`]). While the
-//!   application thread is blocked so, even a `ReadWrite` page is read
-//!   ([`PageMemory::page_while_blocked`]): nothing runs that could write it.
+//!   the application runs ([`VecMemory::set_app_running`]). A `ReadWrite` page is read in place
+//!   ([`PageMemory::page_while_blocked`]) only while nothing can write it: the application
+//!   thread waits in a synchronization call, or in a view or a fault with no mutable view open
+//!   (`Node::app_still`); with one open, safe code may have handed its slice to another thread,
+//!   which writes a page already writable without faulting. [`VecMemory`] checks this too, where
+//!   the simulation says another thread may be writing ([`VecMemory::set_others_writing`]).
 //! - While the application runs, access is taken from a `Read` page only by
 //!   [`PageMemory::revoke`], which returns what the fast path made of it meanwhile:
 //!   [`PageMemory::set_access`] or [`PageMemory::freeze`] would not say that the page had become
@@ -105,13 +108,12 @@ pub trait PageMemory {
         0
     }
     /// True if page `p` equals its twin (nothing written since the twin was made). May be called
-    /// on a `ReadWrite` page only while the application thread is blocked inside a call into the
-    /// runtime (a synchronization call, a view's validation, a fault), so that nothing writes the
-    /// page meanwhile.
+    /// on a `ReadWrite` page only while nothing writes it meanwhile: the application thread
+    /// waits in a synchronization call, or in a view's validation or a fault with no mutable
+    /// view open (`Node::app_still`).
     fn same_as_twin(&self, p: PageIdx) -> bool;
-    /// The bytes of valid page `p`, `ReadWrite` included, while the application thread is blocked
-    /// inside a call into the runtime (so that nothing writes the page meanwhile), like
-    /// [`PageMemory::same_as_twin`]. [`VecMemory`] checks only that the page is valid.
+    /// The bytes of valid page `p`, `ReadWrite` included, while nothing writes the page, as for
+    /// [`PageMemory::same_as_twin`].
     fn page_while_blocked(&self, p: PageIdx) -> &[u8];
     /// Copies valid page `p`, `ReadWrite` included, into its twin slot, under the contract of
     /// [`PageMemory::page_while_blocked`].

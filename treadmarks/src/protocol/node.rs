@@ -122,7 +122,10 @@ pub(crate) enum Pending {
     None,
     Acquire(LockId),
     Barrier(BarrierId),
-    Fault,
+    /// `views_open`: as said before the fault ([`Node::set_mutable_views_open`]).
+    Fault {
+        views_open: bool,
+    },
     /// Pages still to validate for [`Node::request_validate`], the pages to twin ahead of
     /// writes once they are valid, and those of them declared overwritten (to diff whole).
     Validate {
@@ -131,6 +134,8 @@ pub(crate) enum Pending {
         whole: Vec<PageIdx>,
         /// Pages of `whole` superseded unfetched, still unmapped: twinned ahead with the rest.
         superseded: Vec<PageIdx>,
+        /// As said before the validation ([`Node::set_mutable_views_open`]).
+        views_open: bool,
     },
     Alloc,
     Free,
@@ -195,10 +200,9 @@ pub struct Node<M> {
     /// asked (`Message::DistributeWait`).
     pub(crate) distribute_waits: Vec<Option<u64>>,
     pub(crate) pending: Pending,
-    /// Whether the application had a mutable view open (besides one being validated) when it
-    /// last asked for a validation or faulted: while it waits in either, another thread may be
-    /// writing through that view's slice ([`Node::app_still`]).
-    pub(crate) mutable_views_open: bool,
+    /// What the runtime said of the application's mutable views for its next validation or
+    /// fault ([`Node::set_mutable_views_open`]), which takes it; unsaid counts as open.
+    pub(crate) views_said: Option<bool>,
     /// Access misses in flight (the application's, or a collection's validations).
     pub(crate) misses: BTreeMap<PageIdx, Miss>,
     /// Pages of the validation in progress that are up to date, to be made readable together.
@@ -264,7 +268,7 @@ impl<M: PageMemory> Node<M> {
             exit_arrived: vec![false; n],
             distribute_waits: vec![None; n],
             pending: Pending::None,
-            mutable_views_open: false,
+            views_said: None,
             misses: BTreeMap::new(),
             validated: Vec::new(),
             writing: Vec::new(),
@@ -353,9 +357,10 @@ impl<M: PageMemory> Node<M> {
 
     /// A fault on page `p`: resolves it locally (twin) or starts an access miss.
     pub fn handle_fault(&mut self, p: PageIdx, write: bool) -> Result<(), ProtocolError> {
+        let views_open = self.take_views_open();
         self.check_page(self.me, p)?;
         self.begin("fault")?;
-        self.fault(p, write)?;
+        self.fault(p, write, views_open)?;
         self.deliver_local()
     }
 
@@ -508,11 +513,18 @@ impl<M: PageMemory> Node<M> {
         }
     }
 
-    /// Whether the application had a mutable view open when it asks for the validation or
-    /// takes the fault that comes next (the view being validated aside): the runtime says so
-    /// before each, from the heap's count of views.
+    /// Whether the application has a mutable view open as it asks for the validation or takes
+    /// the fault that comes next (the view being validated aside): the runtime says so before
+    /// each, from the heap's count of views. Unsaid, the next one takes it that one is open,
+    /// so a caller that forgets costs a copy of the pages served meanwhile, never a lost write.
     pub fn set_mutable_views_open(&mut self, open: bool) {
-        self.mutable_views_open = open;
+        self.views_said = Some(open);
+    }
+
+    /// Takes what the runtime said of the views for this validation or fault (see
+    /// [`Node::set_mutable_views_open`]).
+    pub(crate) fn take_views_open(&mut self) -> bool {
+        self.views_said.take().unwrap_or(true)
     }
 
     /// Whether another thread of the application may be writing the writable pages now: the
@@ -520,7 +532,10 @@ impl<M: PageMemory> Node<M> {
     /// runs such a thread's stores).
     #[cfg(test)]
     pub(crate) fn others_may_write(&self) -> bool {
-        self.mutable_views_open && matches!(self.pending, Pending::Fault | Pending::Validate { .. })
+        matches!(
+            self.pending,
+            Pending::Fault { views_open: true } | Pending::Validate { views_open: true, .. }
+        )
     }
 
     /// True while nothing writes a page, writable or not, because the application thread waits
@@ -534,7 +549,7 @@ impl<M: PageMemory> Node<M> {
     pub(crate) fn app_still(&self) -> bool {
         match self.pending {
             Pending::None => false,
-            Pending::Fault | Pending::Validate { .. } => !self.mutable_views_open,
+            Pending::Fault { views_open } | Pending::Validate { views_open, .. } => !views_open,
             Pending::Acquire(_)
             | Pending::Barrier(_)
             | Pending::Alloc

@@ -148,8 +148,9 @@ fn ramped<T>(mut items: &[T], first: usize, max: usize) -> impl Iterator<Item = 
 enum Cut {
     /// Nothing can write the page: it is invalid or frozen.
     Revoked,
-    /// The application thread waits inside a synchronization call, so nothing writes the
-    /// page, writable or not ([`Node::app_still`]).
+    /// Nothing writes the page, writable or not: the application thread waits in a
+    /// synchronization call, or in a view or a fault with no mutable view open
+    /// ([`Node::app_still`]).
     Blocked,
     /// The application may be writing the page, which is writable and whose twin is renewed:
     /// the diff is cut from a [`PageMemory::snapshot`], which becomes the twin.
@@ -423,8 +424,8 @@ impl<M: PageMemory> Node<M> {
     /// the other's requests while it waits in its own view, the two cost ~1 µs a page (0.0512 →
     /// 0.0457 s). With a mutable view open, another thread may be writing through its slice, so
     /// a request that comes while the application waits in a view or a fault is served as while
-    /// it runs (below). fft's transposes open their mutable view once the fetch is done; served
-    /// from snapshots, they took ~8% longer.
+    /// it runs (below). fft's transposes fetch before they open their mutable view, so they keep
+    /// the in-place cut (served from snapshots, they took ~8% longer).
     ///
     /// While the application runs, a writable page whose twin is renewed is not frozen either:
     /// its diff is cut from a snapshot, which becomes its twin ([`PageMemory::snapshot`]; the
@@ -478,8 +479,9 @@ impl<M: PageMemory> Node<M> {
         self.set_access_in_runs(readable, Access::Read);
     }
 
-    /// A fault on page `p`. `write` is true if the fault is known to be a write.
-    pub(crate) fn fault(&mut self, p: PageIdx, write: bool) -> Result<(), ProtocolError> {
+    /// A fault on page `p`. `write` is true if the fault is known to be a write; `views_open`:
+    /// a mutable view is open ([`Node::set_mutable_views_open`]).
+    pub(crate) fn fault(&mut self, p: PageIdx, write: bool, views_open: bool) -> Result<(), ProtocolError> {
         match self.mem.access(p) {
             Access::ReadWrite => self.done.push_back(AppDone::FaultResolved(p)),
             Access::Read => {
@@ -488,7 +490,7 @@ impl<M: PageMemory> Node<M> {
                 self.done.push_back(AppDone::FaultResolved(p));
             }
             Access::None => {
-                self.pending = Pending::Fault;
+                self.pending = Pending::Fault { views_open };
                 if let Some(miss) = self.misses.get_mut(&p) {
                     // On its way for a streaming view (nothing else fetches while the application
                     // runs): wait for it, asking nothing more.
@@ -542,6 +544,7 @@ impl<M: PageMemory> Node<M> {
         stream: bool,
     ) -> Result<(), ProtocolError> {
         let whole = if write { whole } else { &[] };
+        let views_open = self.take_views_open();
         self.begin("validate")?;
         for &p in pages.iter().chain(whole) {
             self.check_page(self.me, p)?;
@@ -598,7 +601,7 @@ impl<M: PageMemory> Node<M> {
             self.done.push_back(AppDone::Validated);
             return self.deliver_local();
         }
-        self.pending = Pending::Validate { left: invalid.len(), then_write, whole, superseded };
+        self.pending = Pending::Validate { left: invalid.len(), then_write, whole, superseded, views_open };
         self.start_misses(&invalid, false, MissFor::Validate)?;
         self.deliver_local()
     }

@@ -1560,8 +1560,9 @@ fn pages_served_with_their_twins_renewed_are_never_frozen() {
         assert_eq!(net.nodes[0].mem().access(p), Access::ReadWrite, "renewed");
         net.nodes[0].mem().protection_changes(p) - changes
     };
-    // Node 0 waits in a view of page 2 (its request to node 2 held back), so its application
-    // cannot write: page 1's twin is cut and renewed in place.
+    // Node 0 waits in a view of page 2 (its request to node 2 held back), no mutable view
+    // open, so nothing writes: page 1's twin is cut and renewed in place.
+    net.nodes[0].set_mutable_views_open(false);
     net.nodes[0].request_validate(&[PageIdx(2)], false).unwrap();
     let (to, held) = net.nodes[0].poll_transmit().expect("node 0's request");
     assert_eq!((to, held.kind()), (NodeId(2), MsgKind::DiffRequest));
@@ -1601,7 +1602,7 @@ fn a_page_served_while_the_application_waits_in_a_view_with_a_mutable_view_open_
     net.write(0, 1, 0, 1);
     net.write(2, 2, 0, 2);
     net.barrier();
-    net.nodes[0].set_mutable_views_open(true);
+    // Unsaid (`Node::set_mutable_views_open`), a mutable view is taken to be open.
     net.nodes[0].request_validate(&[PageIdx(2)], false).unwrap();
     let (to, held) = net.nodes[0].poll_transmit().expect("node 0's request");
     assert_eq!((to, held.kind()), (NodeId(2), MsgKind::DiffRequest));
