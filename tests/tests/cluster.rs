@@ -495,6 +495,14 @@ fn diffs_are_served_correctly_while_the_owner_keeps_writing_the_page() {
     run("serve-while-writing", 3, 14).assert_pass("serve-while-writing");
 }
 
+/// A mutable view's slice written by a scoped thread while the application thread fetches
+/// through other views and the runtime serves the writer's pages: nothing aborts, no write is
+/// lost.
+#[test]
+fn a_scoped_thread_writes_through_a_view_while_the_node_fetches_and_serves() {
+    run("scoped-writer", 2, 40).assert_pass("scoped-writer");
+}
+
 /// The caller's `TMK_*` settings reach no job: a re-run of this binary whose environment says
 /// 8 locks, and rank 5 of a 7-node job at a root nobody runs, still passes the `errors` test,
 /// whose scenario expects the default 1,024 locks.
