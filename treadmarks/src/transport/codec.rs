@@ -29,9 +29,10 @@
 //! - decoding reserves no more than a sequence's entries that actually decode (or 64 KiB ahead),
 //!   and refuses the lists with a bound no honest sender exceeds (a reply's, push's or lock
 //!   grant's pages, a message's interval records) by their length (`protocol/cautious.rs`). What
-//!   decoded entries take in memory can still be several times their wire bytes: up to ~27 times
-//!   (twice that with a list's growth) for one page's list of diffs with no bytes (3 bytes on the
-//!   wire, 80 decoded), the one list with no such bound (a writer keeps a diff of a page per
+//!   decoded entries take in memory can still be several times their wire bytes: up to ~20 times
+//!   (twice that with a list's growth) for one page's list of one-byte diffs (4 bytes on the
+//!   wire, 80 decoded; a diff of no bytes, which no node sends, is refused, and a list of them
+//!   had taken ~27 times), the one list with no such bound (a writer keeps a diff of a page per
 //!   interval it wrote it in, until a collection).
 
 use serde::Serialize;
