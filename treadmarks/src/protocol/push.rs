@@ -80,6 +80,13 @@
 //!   reaches its subscriber before the collecting release is kept, and may serve the
 //!   collection's own validations (it is exactly what a request would bring); one that arrives
 //!   while its receiver collects, or after, is dropped.
+//! - **Bounds.** A writer pushes to a subscriber at most once a barrier episode, at most
+//!   [`PUSH_MAX_PAGES`] pages and [`super::page::REPLY_BYTES`] of diffs, and a subscriber passes
+//!   an episode only with its announced pushes in. A push beyond that (a second one of an
+//!   episode, a larger one, one for an episode passed without it) is refused by name
+//!   (`handle_diff_push`), so what a peer makes a node hold, pushes kept for [`PUSH_EPOCHS`]
+//!   epochs and chained [`PUSH_CHAIN`] deep with the frames they came in, stays bounded with no
+//!   barrier to sweep it.
 
 use super::ProtocolError;
 use super::ids::{DiffSeq, IntervalIdx, NodeId, PageIdx};
@@ -202,11 +209,16 @@ pub(crate) struct PushState {
 
 impl PushState {
     fn subscribe(&mut self, p: PageIdx, s: NodeId, seq: DiffSeq) {
-        let subs = self.subscribers.entry(p).or_default();
-        match subs.iter_mut().find(|(n, _)| *n == s) {
-            Some(entry) => entry.1 = seq,
-            None => subs.push((s, seq)),
+        if !self.advance(p, s, seq) {
+            self.subscribers.entry(p).or_default().push((s, seq));
         }
+    }
+
+    /// Sets the newest diff of `p` that subscriber `s` has, if it subscribes; returns whether it
+    /// does.
+    fn advance(&mut self, p: PageIdx, s: NodeId, seq: DiffSeq) -> bool {
+        let mut subs = self.subscribers.get_mut(&p).into_iter().flatten();
+        subs.find(|(n, _)| *n == s).map(|entry| entry.1 = seq).is_some()
     }
 }
 
@@ -239,12 +251,22 @@ impl<M: PageMemory> Node<M> {
     /// After serving `asks` from `from` with `served` (in the same order): `from` subscribes to
     /// those pages, and now has every diff it was sent.
     pub(crate) fn note_subscribers(&mut self, from: NodeId, asks: &[DiffAsk], served: &[PageDiffs]) {
+        self.note_sent(from, asks, served, true);
+    }
+
+    /// [`Node::note_subscribers`], or with `subscribe` false (a push, planned before `to` may have
+    /// unsubscribed) only for the pages `to` still subscribes to.
+    fn note_sent(&mut self, to: NodeId, asks: &[DiffAsk], served: &[PageDiffs], subscribe: bool) {
         if !self.cfg.push {
             return;
         }
         for (a, pd) in asks.iter().zip(served) {
             let newest = pd.diffs.iter().map(|d| d.seq).max().unwrap_or(0).max(a.after_seq);
-            self.push.subscribe(a.page, from, newest);
+            if subscribe {
+                self.push.subscribe(a.page, to, newest);
+            } else if !self.push.advance(a.page, to, newest) {
+                continue;
+            }
             // It asked up to an older interval than our newest diff: that one is for the next push.
             if self.pages[a.page.idx()].diffs.last().is_some_and(|d| d.seq > newest) {
                 self.push.cut_since_push.push(a.page);
@@ -365,7 +387,9 @@ impl<M: PageMemory> Node<M> {
             served.truncate(fit);
             // Their twins may be cut now: looked at again at the next barrier.
             self.push.cut_since_push.extend(asks.drain(fit..).map(|a| a.page));
-            self.note_subscribers(to, &asks, &served);
+            // An unsubscribe that came since the push was planned stands: the push still goes
+            // (it was announced), but subscribes nobody again.
+            self.note_sent(to, &asks, &served, false);
             // A page whose twin turned out unchanged goes too, with no diffs: its notice still
             // stands, and the push saves the subscriber asking for nothing.
             let pages: Vec<UnaskedDiffs> = asks
@@ -389,17 +413,36 @@ impl<M: PageMemory> Node<M> {
             self.check_page(from, pd.page)?;
         }
         let passed = self.stats.barriers;
+        let bytes = wire_bytes(pages.iter().map(|pd| &pd.diffs));
+        let most_bytes = self.cfg.limits.reply_bytes.max(super::page::REPLY_BYTES);
         // The writer passed every barrier before `episode`, so we have arrived at `episode - 1`.
-        if from == self.me || episode > passed + 2 || pages.len() > self.cfg.limits.push_max_pages {
+        // It pushes to us once an episode, with at most `push_max_pages` pages and `reply_bytes`
+        // of diffs (the default's, if ours is lower), and we pass an episode only once its
+        // announced pushes are in: a push for the episode we passed last comes late only if
+        // that barrier collected (and is dropped below). So what a peer can make us hold is
+        // bounded (the module docs' "Bounds").
+        let refused = if from == self.me || episode > passed + 2 {
+            Some("from a barrier episode the writer cannot have reached")
+        } else if pages.len() > self.cfg.limits.push_max_pages || bytes > most_bytes {
+            Some("larger than any node pushes")
+        } else if episode > passed && self.push.arrived.contains(&(episode, from)) {
+            Some("a second push of one episode")
+        } else if episode == passed && episode > self.push.collected_at {
+            Some("for an episode passed without it")
+        } else {
+            None
+        };
+        if let Some(why) = refused {
             return Err(ProtocolError::Unexpected {
                 from,
                 what: format!(
-                    "diff push of {} pages for barrier episode {episode} (we passed {passed})",
+                    "diff push of {} pages and {bytes} bytes of diffs for barrier episode {episode} \
+                     (we passed {passed}): {why}",
                     pages.len()
                 ),
             });
         }
-        if episode > passed && !self.push.arrived.contains(&(episode, from)) {
+        if episode > passed {
             self.push.arrived.push((episode, from));
         }
         // Pushed for an epoch that is over, or before a collection (whose state is gone).
@@ -599,7 +642,7 @@ impl<M: PageMemory> Node<M> {
         self.push.skipped.clear();
         self.push.cut_since_push.clear();
         self.push.credits.clear();
-        self.stats.pushes_wasted += self.push.pushed.len() as u64;
+        self.stats.pushes_wasted += self.push.pushed.values().map(|e| u64::from(e.pushes)).sum::<u64>();
         self.push.pushed.clear();
         self.push.collected_at = self.stats.barriers + 1;
     }

@@ -2292,3 +2292,84 @@ fn a_lock_taken_again_and_again_while_nothing_is_written_is_noted_once_in_the_in
     let rec = node.log().get(NodeId(0), node.vt().get(NodeId(0))).expect("the write's interval");
     assert_eq!(rec.locks, [LockId(0), LockId(2)]);
 }
+
+/// A push of node 0's for barrier episode `episode`, naming `pages` pages from `first`, each
+/// with `diffs` diffs of `bytes` bytes.
+fn made_up_push(episode: u64, first: u32, pages: u32, diffs: u32, bytes: usize) -> Message {
+    let pages = (first..first + pages)
+        .map(|p| {
+            let list = (1..=diffs)
+                .map(|seq| DiffWire {
+                    seq: seq.into(),
+                    first_vt: VectorTime::from_entries(vec![1, 0]),
+                    diff: Diff::whole(&vec![seq as u8; bytes]),
+                })
+                .collect();
+            UnaskedDiffs { page: PageIdx(p), after_seq: 0, diffs: list }
+        })
+        .collect();
+    Message::DiffPush { episode, upto: 1, pages }
+}
+
+#[test]
+fn a_peer_pushes_once_an_episode_and_no_more_than_a_push_holds() {
+    // A writer pushes to a subscriber once a barrier episode, at most `reply_bytes` of diffs,
+    // and the subscriber passes an episode only with its announced pushes in. Pushes beyond
+    // that (a faulty or hostile peer's) are refused by name instead of held until a barrier
+    // (a lock-only phase has none): 64 pushes of 64 pages of 100 diffs each were all kept.
+    let mut net = Net::with_pages(2, 4096);
+    let refused = |net: &mut Net, msg: Message, why: &str| {
+        let e = net.nodes[1].handle_message(NodeId(0), msg).expect_err(why).to_string();
+        assert!(e.contains(why), "{e}");
+    };
+    net.nodes[1].handle_message(NodeId(0), made_up_push(1, 0, 64, 100, PAGE)).expect("the first push");
+    refused(&mut net, made_up_push(1, 64, 64, 100, PAGE), "a second push of one episode");
+    refused(&mut net, made_up_push(2, 0, 65, 1, PAGE), "larger than any node pushes");
+    let big = (super::page::REPLY_BYTES / 4 / (64 << 10) + 1) as u32;
+    refused(&mut net, made_up_push(2, 0, 4, big, 64 * 1024), "larger than any node pushes");
+    refused(&mut net, made_up_push(3, 0, 1, 1, PAGE), "cannot have reached");
+    // One push of episode 2 is fine; passing episode 1 (node 0 announced no push to the
+    // barrier, so nothing waits for one) makes a push of it late, which no node sends.
+    net.nodes[1].handle_message(NodeId(0), made_up_push(2, 0, 1, 1, PAGE)).expect("one of episode 2");
+    let mut net = Net::new(2);
+    net.barrier();
+    refused(&mut net, made_up_push(1, 0, 1, 1, PAGE), "passed without it");
+}
+
+#[test]
+fn a_collection_counts_every_push_of_an_unused_chain_wasted() {
+    // Two pushes of page 1, chained and unused, are both wasted when a collection drops them,
+    // as everywhere else (the collection counted the chain as one push).
+    let mut net = Net::pushing_always(2).node_1_reads_page_1();
+    net.write(0, 1, 0, 2);
+    net.barrier();
+    net.write(0, 1, 1, 3);
+    net.barrier();
+    let st = net.nodes[1].stats().clone();
+    assert_eq!((st.pushes_chained, st.pushes_used, st.pushes_wasted), (1, 0, 0));
+    net.nodes.iter_mut().for_each(|n| n.cfg.gc_threshold = 0);
+    net.barrier();
+    let st = net.nodes[1].stats();
+    assert_eq!(st.collections, 1);
+    assert_eq!((st.pushes_used, st.pushes_wasted), (0, 2), "two pushes received, neither used");
+}
+
+#[test]
+fn an_unsubscribe_that_comes_before_the_planned_push_leaves_stands() {
+    // Node 0 plans a push of page 1 to node 1 at its arrival; node 1's unsubscribe arrives
+    // before the push is cut and sent. The push still goes (it was announced), but node 1 stays
+    // unsubscribed (sending the push subscribed it again).
+    let mut net = Net::pushing_always(2).node_1_reads_page_1();
+    net.write(0, 1, 0, 5);
+    net.nodes[0].request_barrier(BarrierId(0)).unwrap();
+    assert!(net.nodes[0].has_deferred(), "a push is planned");
+    net.nodes[0].handle_message(NodeId(1), Message::Unsubscribe { pages: vec![PageIdx(1)] }).unwrap();
+    assert_eq!(net.nodes[0].subscription(PageIdx(1), NodeId(1)), None);
+    net.nodes[0].run_deferred().unwrap();
+    let sent: Vec<(NodeId, Message)> = std::iter::from_fn(|| net.nodes[0].poll_transmit()).collect();
+    assert!(
+        sent.iter().any(|(to, m)| *to == NodeId(1) && matches!(m, Message::DiffPush { .. })),
+        "the announced push goes"
+    );
+    assert_eq!(net.nodes[0].subscription(PageIdx(1), NodeId(1)), None, "subscribed again");
+}
