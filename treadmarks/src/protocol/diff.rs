@@ -416,6 +416,16 @@ impl Diff {
         if self.0.owner_len() > self.0.len() { Diff(SharedBytes::copy_of(&self.0)) } else { self }
     }
 
+    /// Most bytes a diff of a page of `page_size` bytes is accepted from a peer in. Every run
+    /// covers a word at least and costs two varints of a few bytes, a mask byte or a bitmap bit
+    /// a word, and at most the word's 8 bytes, so a diff a node makes takes at most ~1.2 times
+    /// its page (a page whose every word changed in part, masked: 4,614 bytes of 4,096), a whole
+    /// one 3 bytes more than it; twice the page leaves room for any encoding's headers. A larger
+    /// one from a peer would be held, maybe long, before being applied and found malformed.
+    pub fn most_encoded_len(page_size: usize) -> usize {
+        2 * page_size + 64
+    }
+
     /// True if the diff changes nothing.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
@@ -1098,6 +1108,36 @@ mod tests {
         assert_eq!(alone.detached().0.as_ptr(), ptr, "no copy of a diff already alone");
         // Cut short: an error, not a panic.
         assert!(postcard::from_bytes::<Diff>(&wire[..wire.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn no_diff_a_node_makes_is_larger_than_a_peer_may_send() {
+        // Changed words spread every way the encoder may cut them: a byte of every word, of
+        // every other word, every third, random bytes at several densities, whole pages; on
+        // the runtime's page size and the simulation's.
+        let mut rng = Rng(0x0dd5_ba11_5eed_0001);
+        for page_size in [64, 4096] {
+            let most = Diff::most_encoded_len(page_size);
+            let mut largest = 0;
+            let twin = vec![0u8; page_size];
+            let mut pages: Vec<Vec<u8>> = (1..4)
+                .map(|every| (0..page_size).map(|i| u8::from(i % (8 * every) == 3)).collect())
+                .collect();
+            pages.push(vec![0xff; page_size]);
+            pages.push((0..page_size).map(|i| u8::from(i % 8 != 0)).collect());
+            for permille in [50, 300, 500, 700, 950] {
+                for _ in 0..50 {
+                    pages.push((0..page_size).map(|_| u8::from(rng.below(1000) < permille)).collect());
+                }
+            }
+            for page in &pages {
+                let len = Diff::make(&twin, page).encoded_len();
+                largest = largest.max(len);
+                assert!(len <= most, "a diff of {len} bytes of a {page_size}-byte page");
+            }
+            assert!(largest * 5 <= page_size * 6 + 64, "{largest} bytes of a {page_size}-byte page");
+            assert!(Diff::whole(&twin).encoded_len() <= most);
+        }
     }
 
     #[test]

@@ -357,9 +357,21 @@ impl<M: PageMemory> Node<M> {
         locks.iter().try_for_each(|&l| self.check_lock(l))
     }
 
-    /// Checks the locks a peer's wish names (its places are hints, any will do).
-    fn check_wish(&self, wish: &Wish) -> Result<(), ProtocolError> {
-        self.check_locks(wish.locks())
+    /// Checks the locks a peer's wish names (its places are hints, any will do): each a lock of
+    /// the job, and each once, as a node wishes (`LockHistory::wish`), so that a wish, which
+    /// waits with its request until the lock is released, is no longer than the job's locks.
+    fn check_wish(&self, wish: &Wish, from: NodeId) -> Result<(), ProtocolError> {
+        self.check_locks(wish.locks())?;
+        let mut sorted = wish.locks().to_vec();
+        sorted.sort_unstable();
+        let what = if let Some(l) = sorted.windows(2).find(|w| w[0] == w[1]).map(|w| w[0]) {
+            format!("a wish of {} locks naming {l} twice", wish.locks().len())
+        } else if wish.gaps() > wish.locks().len() {
+            format!("a wish of {} locks with {} gaps", wish.locks().len(), wish.gaps())
+        } else {
+            return Ok(());
+        };
+        Err(ProtocolError::Unexpected { from, what })
     }
 
     pub(crate) fn handle_lock_request(
@@ -370,7 +382,7 @@ impl<M: PageMemory> Node<M> {
         ask: LockAsk,
     ) -> Result<(), ProtocolError> {
         self.check_lock(lock)?;
-        self.check_wish(&ask.wish)?;
+        self.check_wish(&ask.wish, from)?;
         let bad = |what: &str| ProtocolError::Unexpected { from, what: format!("{what} for {lock}") };
         if self.manager_of(lock) != self.me || ask.vt.len() != self.nprocs() {
             return Err(bad("lock request"));
@@ -394,7 +406,7 @@ impl<M: PageMemory> Node<M> {
         tail: Option<u32>,
     ) -> Result<(), ProtocolError> {
         self.check_lock(lock)?;
-        self.check_wish(&ask.wish)?;
+        self.check_wish(&ask.wish, from)?;
         let bad = |what: &str| ProtocolError::Unexpected { from, what: format!("{what} of {lock}") };
         let manager = self.manager_of(lock);
         // From the manager, or sent back to us, the manager, by a node that bundled us the token.

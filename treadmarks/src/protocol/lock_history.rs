@@ -85,6 +85,11 @@ impl Wish {
     pub fn locks(&self) -> &[LockId] {
         &self.locks
     }
+
+    /// How many places the wish moves its locks by (at most one a lock, as a node makes it).
+    pub fn gaps(&self) -> usize {
+        self.gaps.len()
+    }
 }
 
 /// A node's recent acquires and what followed each lock.

@@ -561,19 +561,21 @@ impl<M: PageMemory> Node<M> {
         }
     }
 
-    /// Checks the timestamps of `diffs` of `page` from `from`: one entry per node.
+    /// Checks `diffs` of `page` from `from`: a timestamp of one entry per node, and no more
+    /// bytes than a diff of a page takes ([`Diff::most_encoded_len`](super::diff::Diff::most_encoded_len)).
     fn check_diffs(&self, from: NodeId, page: PageIdx, diffs: &[DiffWire]) -> Result<(), ProtocolError> {
-        let n = self.nprocs();
-        match diffs.iter().find(|d| d.first_vt.len() != n) {
-            Some(d) => Err(ProtocolError::Unexpected {
-                from,
-                what: format!(
-                    "diff of {page} with a timestamp of {} entries (the job has {n} nodes)",
-                    d.first_vt.len()
-                ),
-            }),
-            None => Ok(()),
-        }
+        let (n, most) = (self.nprocs(), super::diff::Diff::most_encoded_len(self.mem.page_size()));
+        let what = if let Some(d) = diffs.iter().find(|d| d.first_vt.len() != n) {
+            format!("diff of {page} with a timestamp of {} entries (the job has {n} nodes)", d.first_vt.len())
+        } else if let Some(d) = diffs.iter().find(|d| d.diff.encoded_len() > most) {
+            format!(
+                "diff of {page} of {} bytes (a diff of a page takes at most {most})",
+                d.diff.encoded_len()
+            )
+        } else {
+            return Ok(());
+        };
+        Err(ProtocolError::Unexpected { from, what })
     }
 
     pub(crate) fn check_page(&self, from: NodeId, page: PageIdx) -> Result<(), ProtocolError> {

@@ -94,7 +94,7 @@ use super::memory::{Access, PageMemory};
 use super::msg::{DiffAsk, DiffList, DiffWire, Message, PageDiffs, UnaskedDiffs};
 use super::node::{Node, Pending};
 use super::page::{PageMeta, WriterState, wire_bytes};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Most pages pushed to one subscriber at one barrier; a subscriber that would get more is
 /// not pushed to at that barrier (it fetches what it touches, as without pushes).
@@ -180,8 +180,10 @@ pub(crate) struct PushState {
     /// Episode of the last collecting barrier (pushes for it or earlier are stale).
     collected_at: u64,
     /// Subscribed pages whose twin was cut (a diff made) since the last push: with the pages
-    /// twinned now, the only ones that can have something to push.
-    cut_since_push: Vec<PageIdx>,
+    /// twinned now, the only ones that can have something to push. A set, each page once: a
+    /// phase of locks alone passes no barrier to empty it, and a peer's every request could
+    /// name a page again (a list grew by a page an ask, without end).
+    cut_since_push: BTreeSet<PageIdx>,
     /// Subscribed pages looked at by pushes so far (tests check it does not grow with pages
     /// read once and left alone).
     pub(crate) examined: u64,
@@ -223,11 +225,17 @@ impl PushState {
 }
 
 impl<M: PageMemory> Node<M> {
+    /// Subscribed pages whose twin was cut since the last push (tests check the set's bound).
+    #[cfg(test)]
+    pub(crate) fn cut_since_push_len(&self) -> usize {
+        self.push.cut_since_push.len()
+    }
+
     /// A diff of page `p` was just made: remember the page for the next push if somebody
     /// subscribes to it.
     pub(crate) fn note_cut(&mut self, p: PageIdx) {
         if self.push.subscribers.contains_key(&p) {
-            self.push.cut_since_push.push(p);
+            self.push.cut_since_push.insert(p);
         }
     }
 
@@ -269,7 +277,7 @@ impl<M: PageMemory> Node<M> {
             }
             // It asked up to an older interval than our newest diff: that one is for the next push.
             if self.pages[a.page.idx()].diffs.last().is_some_and(|d| d.seq > newest) {
-                self.push.cut_since_push.push(a.page);
+                self.push.cut_since_push.insert(a.page);
             }
         }
     }
@@ -293,7 +301,8 @@ impl<M: PageMemory> Node<M> {
         // every later barrier at 2 nodes 60 µs instead of 25 when all subscriptions were walked,
         // and SOR, which keeps a thousand pages twinned and a few subscribed, lost 8% when all
         // twins were.
-        let mut candidates: Vec<PageIdx> = self.push.cut_since_push.drain(..).collect();
+        let mut candidates: Vec<PageIdx> =
+            std::mem::take(&mut self.push.cut_since_push).into_iter().collect();
         let cuttable = |p: &PageIdx| self.pages[p.idx()].twin.is_some_and(|first| first <= closed);
         let (twinned, subscribers) = (&self.twinned, &self.push.subscribers);
         if twinned.len() <= subscribers.len() {

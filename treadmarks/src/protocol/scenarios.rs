@@ -754,7 +754,7 @@ fn a_token_goes_to_the_node_that_takes_it_sooner() {
 }
 
 /// A writer that keeps a miss waiting with reply after `continued` reply is refused once the
-/// diffs held from it pass 64 MiB (the node's consistency limit, lower, does not count): it had
+/// diffs held from it pass 64 MiB (diffs of a page each, as no larger one is taken) (the node's consistency limit, lower, does not count): it had
 /// grown the node's memory without end. A diff sent twice is refused at once.
 #[test]
 fn endless_continued_replies_are_refused_past_the_bound() {
@@ -764,20 +764,27 @@ fn endless_continued_replies_are_refused_past_the_bound() {
     net.nodes[1].cfg.consistency_limit = 1 << 20;
     net.nodes[1].handle_fault(PageIdx(1), false).unwrap();
     while net.nodes[1].poll_transmit().is_some() {}
-    // Diffs of 1 MiB (never applied: the miss never completes), one a reply.
-    let big = Diff::whole(&vec![0; 1 << 20]);
-    let part = |seq: u64| {
-        let mut diffs = DiffList::new();
-        diffs.push(DiffWire { seq, first_vt: VectorTime::from_entries(vec![1, 0]), diff: big.clone() });
+    // Replies of 8,192 whole-page diffs each (never applied: the miss never completes).
+    const PER_REPLY: u64 = 8192;
+    let whole = Diff::whole(&[0; PAGE]);
+    let part = |k: u64| {
+        let diffs = (k * PER_REPLY + 1..=(k + 1) * PER_REPLY)
+            .map(|seq| DiffWire { seq, first_vt: VectorTime::from_entries(vec![1, 0]), diff: whole.clone() })
+            .collect();
         Message::DiffReply { pages: vec![PageDiffs { page: PageIdx(1), diffs }], continued: true }
     };
-    for seq in 1..64 {
-        net.nodes[1].handle_message(NodeId(0), part(seq)).unwrap_or_else(|e| panic!("diff {seq}: {e}"));
+    net.nodes[1].handle_message(NodeId(0), part(0)).unwrap();
+    let per_reply = net.nodes[1].held_continued[0];
+    let fit = (64 << 20) / per_reply;
+    for k in 1..fit {
+        net.nodes[1].handle_message(NodeId(0), part(k)).unwrap_or_else(|e| panic!("reply {k}: {e}"));
     }
-    assert!(net.nodes[1].held_continued[0] > 63 << 20);
-    let err = net.nodes[1].handle_message(NodeId(0), part(63)).unwrap_err();
-    assert!(err.to_string().contains("diff 63 of page 1 after its diff 63"), "{err}");
-    let err = net.nodes[1].handle_message(NodeId(0), part(64)).unwrap_err();
+    assert!(net.nodes[1].held_continued[0] > (64 << 20) - per_reply);
+    let err = net.nodes[1].handle_message(NodeId(0), part(fit - 1)).unwrap_err();
+    let newest = fit * PER_REPLY;
+    let twice = format!("diff {} of page 1 after its diff {newest}", newest - PER_REPLY + 1);
+    assert!(err.to_string().contains(&twice), "{err}");
+    let err = net.nodes[1].handle_message(NodeId(0), part(fit)).unwrap_err();
     assert!(err.to_string().contains("TMK_CONSISTENCY_LIMIT") && err.to_string().contains("node 0"), "{err}");
 }
 
@@ -2325,8 +2332,8 @@ fn a_peer_pushes_once_an_episode_and_no_more_than_a_push_holds() {
     net.nodes[1].handle_message(NodeId(0), made_up_push(1, 0, 64, 100, PAGE)).expect("the first push");
     refused(&mut net, made_up_push(1, 64, 64, 100, PAGE), "a second push of one episode");
     refused(&mut net, made_up_push(2, 0, 65, 1, PAGE), "larger than any node pushes");
-    let big = (super::page::REPLY_BYTES / 4 / (64 << 10) + 1) as u32;
-    refused(&mut net, made_up_push(2, 0, 4, big, 64 * 1024), "larger than any node pushes");
+    let many = (super::page::REPLY_BYTES / 64 / PAGE + 1) as u32;
+    refused(&mut net, made_up_push(2, 0, 64, many, PAGE), "larger than any node pushes");
     refused(&mut net, made_up_push(3, 0, 1, 1, PAGE), "cannot have reached");
     // One push of episode 2 is fine; passing episode 1 (node 0 announced no push to the
     // barrier, so nothing waits for one) makes a push of it late, which no node sends.
@@ -2372,4 +2379,72 @@ fn an_unsubscribe_that_comes_before_the_planned_push_leaves_stands() {
         "the announced push goes"
     );
     assert_eq!(net.nodes[0].subscription(PageIdx(1), NodeId(1)), None, "subscribed again");
+}
+
+#[test]
+fn a_peer_asking_again_and_again_grows_no_list_of_pages_to_push() {
+    // Node 0 holds a diff of page 1 that node 1 fetched. Asks for page 1 up to an older interval
+    // (nothing to serve) each noted the page for the next push, in a list only a barrier
+    // emptied: 1,000 requests of 256 asks left 256,000 entries. The pages are a set now.
+    let mut net = Net::new(2).node_1_reads_page_1();
+    let ask = DiffAsk { page: PageIdx(1), want: 0, after_seq: 0 };
+    let most = Limits::default().pages_per_request;
+    let before = net.nodes[0].cut_since_push_len();
+    for _ in 0..1000 {
+        let request = Message::DiffRequest { asks: vec![ask.clone(); most] };
+        net.nodes[0].handle_message(NodeId(1), request).unwrap();
+        while net.nodes[0].poll_transmit().is_some() {}
+    }
+    assert!(
+        net.nodes[0].cut_since_push_len() <= before + 1,
+        "{} pages noted",
+        net.nodes[0].cut_since_push_len()
+    );
+}
+
+#[test]
+fn a_wish_naming_a_lock_twice_is_refused() {
+    // A node wishes for each lock once, so a wish is no longer than the job's locks; one of a
+    // million entries was taken and held with its request until the lock's release.
+    let mut net = Net::new(2);
+    net.nodes[0].request_acquire(LockId(0)).unwrap();
+    assert_eq!(net.done(0), Some(AppDone::Acquired(LockId(0))));
+    let request = |wished: &[Wished]| Message::LockRequest {
+        lock: LockId(0),
+        seq: 1,
+        vt: VectorTime::zero(2),
+        wish: Wish::new(wished),
+    };
+    let twice: Vec<Wished> = (0..1_000_000u32).map(|i| Wished { lock: LockId(1), place: i }).collect();
+    let e = net.nodes[0].handle_message(NodeId(1), request(&twice)).unwrap_err().to_string();
+    assert!(e.contains("a wish of 1000000 locks naming lock 1 twice"), "{e}");
+    let once: Vec<Wished> = (1..8).map(|l| Wished { lock: LockId(l), place: 2 * l }).collect();
+    net.nodes[0].handle_message(NodeId(1), request(&once)).expect("each lock once, at any places");
+}
+
+#[test]
+fn a_diff_larger_than_any_of_a_page_is_refused() {
+    // Nodes 0 and 2 both wrote page 1, and node 1 asks both. Node 0's reply carries a 32 MiB
+    // diff of the 64-byte page: it was held, with the frame it came in, until node 2 answered,
+    // and found malformed only when applied.
+    let mut net = Net::new(3);
+    net.write(0, 1, 0, 1);
+    net.write(2, 1, 1, 2);
+    net.barrier();
+    net.nodes[1].handle_fault(PageIdx(1), false).unwrap();
+    while net.nodes[1].poll_transmit().is_some() {}
+    let diff = |bytes: usize| {
+        let wire = DiffWire {
+            seq: 1,
+            first_vt: VectorTime::from_entries(vec![1, 0, 0]),
+            diff: Diff::whole(&vec![0; bytes]),
+        };
+        Message::DiffReply {
+            pages: vec![PageDiffs { page: PageIdx(1), diffs: DiffList::from_elem(wire, 1) }],
+            continued: false,
+        }
+    };
+    let e = net.nodes[1].handle_message(NodeId(0), diff(32 << 20)).unwrap_err().to_string();
+    assert!(e.contains("diff of page 1 of 33554437 bytes (a diff of a page takes at most 192)"), "{e}");
+    net.nodes[1].handle_message(NodeId(0), diff(PAGE)).expect("a whole page's diff");
 }
