@@ -21,6 +21,12 @@ use super::node::{AppDone, Node, Pending};
 
 const ROOT: NodeId = NodeId(0);
 
+/// Memory a distributed value takes while it waits for the application's call: its bytes and
+/// its entry.
+fn queued_size(bytes: &[u8]) -> u64 {
+    (bytes.len() + size_of::<(u64, Vec<u8>)>()) as u64
+}
+
 /// Largest value [`Node::request_distribute`] sends: a frame holds 64 MiB
 /// (`transport::codec::MAX_FRAME`), and a `Distribute` message's other fields take a few bytes.
 pub const MAX_DISTRIBUTE: usize = (64 << 20) - 1024;
@@ -105,6 +111,7 @@ impl<M: PageMemory> Node<M> {
             self.done.push_back(AppDone::Distributed(bytes));
         } else if self.distributed.front().is_some_and(|(s, _)| *s == seq) {
             let (_, bytes) = self.distributed.pop_front().expect("checked");
+            self.distributed_bytes -= queued_size(&bytes);
             self.back_heap(self.heap_end_heard);
             self.done.push_back(AppDone::Distributed(bytes));
         } else {
@@ -218,6 +225,21 @@ impl<M: PageMemory> Node<M> {
                     self.pending = Pending::None;
                     self.done.push_back(AppDone::Distributed(bytes));
                 } else {
+                    // Node 0 does not wait for the others to take its values: they queue here,
+                    // bounded as a peer's continued replies are.
+                    let held = self.distributed_bytes + queued_size(&bytes);
+                    let limit = super::gc::Accounting::parts_limit(self.cfg.consistency_limit);
+                    if held > limit {
+                        return Err(ProtocolError::Unexpected {
+                            from,
+                            what: format!(
+                                "distribute of value {seq}: {held} bytes of values distributed and not yet \
+                                 taken, over the {limit} this node holds from a peer (its \
+                                 TMK_CONSISTENCY_LIMIT, but at least 64 MiB)"
+                            ),
+                        });
+                    }
+                    self.distributed_bytes = held;
                     self.distributed.push_back((seq, bytes));
                 }
             }

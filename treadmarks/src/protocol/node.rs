@@ -195,6 +195,9 @@ pub struct Node<M> {
     pub(crate) heap_end_heard: u64,
     pub(crate) distribute_seq: u64,
     pub(crate) distributed: VecDeque<(u64, Vec<u8>)>,
+    /// Memory the values of `distributed` take (bounded like the parts of a peer's replies:
+    /// [`Accounting::parts_limit`]).
+    pub(crate) distributed_bytes: u64,
     pub(crate) exit_arrived: Vec<bool>,
     /// At node 0: per node, the distributed value its application waits for, unsent when it
     /// asked (`Message::DistributeWait`).
@@ -265,6 +268,7 @@ impl<M: PageMemory> Node<M> {
             heap_end_heard: 0,
             distribute_seq: 0,
             distributed: VecDeque::new(),
+            distributed_bytes: 0,
             exit_arrived: vec![false; n],
             distribute_waits: vec![None; n],
             pending: Pending::None,

@@ -907,6 +907,33 @@ fn a_distributed_value_out_of_turn_is_an_error() {
     assert_eq!(net.done(1), Some(AppDone::Distributed(vec![11])));
 }
 
+/// Node 0 does not wait for the others to take its distributed values; those not taken yet
+/// are held up to the bound of a peer's parts (the consistency limit, but at least 64 MiB), past
+/// which node 0 is refused by name: a node 0 distributing in a loop grew the others' memory
+/// without end.
+#[test]
+fn distributed_values_not_taken_are_held_up_to_the_bound() {
+    let mut net = Net::new(2);
+    net.nodes[1].cfg.consistency_limit = 1 << 20;
+    let value = |seq: u64| Message::Distribute {
+        seq,
+        bytes: serde_bytes::ByteBuf::from(vec![seq as u8; 1 << 20]),
+        heap_end: 0,
+    };
+    for seq in 0..63 {
+        net.nodes[1].handle_message(NodeId(0), value(seq)).unwrap_or_else(|e| panic!("value {seq}: {e}"));
+    }
+    let e = net.nodes[1].handle_message(NodeId(0), value(63)).unwrap_err().to_string();
+    assert!(e.contains("distribute of value 63") && e.contains("TMK_CONSISTENCY_LIMIT"), "{e}");
+    // Taken, they no longer count.
+    for seq in 0..63 {
+        net.nodes[1].request_distribute(None).unwrap();
+        assert_eq!(net.done(1), Some(AppDone::Distributed(vec![seq as u8; 1 << 20])));
+    }
+    assert_eq!(net.nodes[1].distributed_bytes, 0);
+    net.nodes[1].handle_message(NodeId(0), value(63)).expect("room again");
+}
+
 /// An arrival at a barrier the job does not have is the arriving node's error, not a mismatch
 /// blamed on the manager at its own arrival; a collection's "done" with no collection running
 /// is an error too.
