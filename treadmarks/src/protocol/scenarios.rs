@@ -754,8 +754,9 @@ fn a_token_goes_to_the_node_that_takes_it_sooner() {
 }
 
 /// A writer that keeps a miss waiting with reply after `continued` reply is refused once the
-/// diffs held from it pass 64 MiB (diffs of a page each, as no larger one is taken) (the node's consistency limit, lower, does not count): it had
-/// grown the node's memory without end. A diff sent twice is refused at once.
+/// diffs held from it pass 64 MiB (the node's consistency limit, lower, does not count; the
+/// diffs a page each, as no larger one is taken): it had grown the node's memory without end.
+/// A diff sent twice is refused at once.
 #[test]
 fn endless_continued_replies_are_refused_past_the_bound() {
     let mut net = Net::new(2);
