@@ -531,7 +531,9 @@ impl Tmk {
     /// others at the next barrier (or through a lock). Calls pair up in order on every node: a
     /// node that waits for a value node 0 does not send fails the job once node 0 goes into a
     /// barrier or exit instead ([`ProtocolError::DistributeUnanswered`]); a node that exits
-    /// with values node 0 sent that it never took warns.
+    /// with values node 0 sent that it never took warns, and one holding more untaken values
+    /// than its consistency limit allows (at least 64 MiB) fails the job
+    /// ([`ProtocolError::DistributeBacklog`]).
     pub fn distribute<T: Pod>(&mut self, value: &mut T) -> Result<()> {
         let mine = (self.me == NodeId(0)).then(|| bytemuck::bytes_of(value).to_vec());
         let r = match self.done(Command::Distribute(mine)) {

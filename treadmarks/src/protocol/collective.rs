@@ -226,18 +226,13 @@ impl<M: PageMemory> Node<M> {
                     self.done.push_back(AppDone::Distributed(bytes));
                 } else {
                     // Node 0 does not wait for the others to take its values: they queue here,
-                    // bounded as a peer's continued replies are.
+                    // bounded as a peer's continued replies are. A program whose node 0 runs
+                    // that far ahead (or a faulty node 0) fails, saying so, instead of growing
+                    // this node's memory without end.
                     let held = self.distributed_bytes + queued_size(&bytes);
                     let limit = super::gc::Accounting::parts_limit(self.cfg.consistency_limit);
                     if held > limit {
-                        return Err(ProtocolError::Unexpected {
-                            from,
-                            what: format!(
-                                "distribute of value {seq}: {held} bytes of values distributed and not yet \
-                                 taken, over the {limit} this node holds from a peer (its \
-                                 TMK_CONSISTENCY_LIMIT, but at least 64 MiB)"
-                            ),
-                        });
+                        return Err(ProtocolError::DistributeBacklog { value: seq, held, limit });
                     }
                     self.distributed_bytes = held;
                     self.distributed.push_back((seq, bytes));

@@ -49,6 +49,12 @@ pub enum ProtocolError {
         "{waiting} waits for distributed value {value} while node 0 is {root}: every distribute call on node 0 pairs with one on every node"
     )]
     DistributeUnanswered { waiting: NodeId, value: u64, root: String },
+    /// Node 0 distributed more values than this node holds untaken: its application calls
+    /// `distribute` far less often than node 0's (node 0 does not wait for the others).
+    #[error(
+        "node 0 distributed value {value} while {held} bytes of its values wait for this node's application to take them, over the {limit} a node holds (TMK_CONSISTENCY_LIMIT, but at least 64 MiB): every distribute call on node 0 pairs with one on every node"
+    )]
+    DistributeBacklog { value: u64, held: u64, limit: u64 },
     /// A value to distribute larger than a message holds.
     #[error("distribute of {bytes} bytes: a value may have at most {max}")]
     DistributeTooLarge { bytes: usize, max: usize },

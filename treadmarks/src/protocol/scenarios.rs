@@ -910,8 +910,8 @@ fn a_distributed_value_out_of_turn_is_an_error() {
 
 /// Node 0 does not wait for the others to take its distributed values; those not taken yet
 /// are held up to the bound of a peer's parts (the consistency limit, but at least 64 MiB), past
-/// which node 0 is refused by name: a node 0 distributing in a loop grew the others' memory
-/// without end.
+/// which the job fails, saying that the program's node 0 ran that far ahead: a node 0
+/// distributing in a loop grew the others' memory without end.
 #[test]
 fn distributed_values_not_taken_are_held_up_to_the_bound() {
     let mut net = Net::new(2);
@@ -925,7 +925,7 @@ fn distributed_values_not_taken_are_held_up_to_the_bound() {
         net.nodes[1].handle_message(NodeId(0), value(seq)).unwrap_or_else(|e| panic!("value {seq}: {e}"));
     }
     let e = net.nodes[1].handle_message(NodeId(0), value(63)).unwrap_err().to_string();
-    assert!(e.contains("distribute of value 63") && e.contains("TMK_CONSISTENCY_LIMIT"), "{e}");
+    assert!(e.contains("node 0 distributed value 63 while") && e.contains("TMK_CONSISTENCY_LIMIT"), "{e}");
     // Taken, they no longer count.
     for seq in 0..63 {
         net.nodes[1].request_distribute(None).unwrap();
