@@ -358,14 +358,17 @@ impl<M: PageMemory> Node<M> {
     }
 
     /// Checks the locks a peer's wish names (its places are hints, any will do): each a lock of
-    /// the job, and each once, as a node wishes (`LockHistory::wish`), so that a wish, which
-    /// waits with its request until the lock is released, is no longer than the job's locks.
+    /// the job, and no more of them than the job has, as a node wishes for each lock once
+    /// (`LockHistory::wish`), so that a wish, which waits with its request until the lock is
+    /// released, stays that short. A longer one names some lock twice: the error names it (looked
+    /// for only then, off the path of every request).
     fn check_wish(&self, wish: &Wish, from: NodeId) -> Result<(), ProtocolError> {
         self.check_locks(wish.locks())?;
-        let mut sorted = wish.locks().to_vec();
-        sorted.sort_unstable();
-        let what = if let Some(l) = sorted.windows(2).find(|w| w[0] == w[1]).map(|w| w[0]) {
-            format!("a wish of {} locks naming {l} twice", wish.locks().len())
+        let what = if wish.locks().len() > self.cfg.nlocks as usize {
+            let mut sorted = wish.locks().to_vec();
+            sorted.sort_unstable();
+            let twice = sorted.windows(2).find(|w| w[0] == w[1]).expect("more ids than locks")[0];
+            format!("a wish of {} locks naming {twice} twice", wish.locks().len())
         } else if wish.gaps() > wish.locks().len() {
             format!("a wish of {} locks with {} gaps", wish.locks().len(), wish.gaps())
         } else {

@@ -569,17 +569,23 @@ impl<M: PageMemory> Node<M> {
     /// bytes than a diff of a page takes ([`Diff::most_encoded_len`](super::diff::Diff::most_encoded_len)).
     fn check_diffs(&self, from: NodeId, page: PageIdx, diffs: &[DiffWire]) -> Result<(), ProtocolError> {
         let (n, most) = (self.nprocs(), super::diff::Diff::most_encoded_len(self.mem.page_size()));
-        let what = if let Some(d) = diffs.iter().find(|d| d.first_vt.len() != n) {
-            format!("diff of {page} with a timestamp of {} entries (the job has {n} nodes)", d.first_vt.len())
-        } else if let Some(d) = diffs.iter().find(|d| d.diff.encoded_len() > most) {
-            format!(
-                "diff of {page} of {} bytes (a diff of a page takes at most {most})",
-                d.diff.encoded_len()
-            )
-        } else {
-            return Ok(());
-        };
-        Err(ProtocolError::Unexpected { from, what })
+        // One pass over the list: replies carry thousands of diffs.
+        let bad = diffs.iter().find_map(|d| {
+            if d.first_vt.len() != n {
+                Some(format!(
+                    "diff of {page} with a timestamp of {} entries (the job has {n} nodes)",
+                    d.first_vt.len()
+                ))
+            } else if d.diff.encoded_len() > most {
+                Some(format!(
+                    "diff of {page} of {} bytes (a diff of a page takes at most {most})",
+                    d.diff.encoded_len()
+                ))
+            } else {
+                None
+            }
+        });
+        bad.map_or(Ok(()), |what| Err(ProtocolError::Unexpected { from, what }))
     }
 
     pub(crate) fn check_page(&self, from: NodeId, page: PageIdx) -> Result<(), ProtocolError> {
